@@ -1,0 +1,32 @@
+# credpool: `make test` is what CI runs (through .ci/run).
+GO ?= go
+
+.PHONY: test vet lint fmt redis-server
+
+## test: vet, then every test under the race detector against a real redis-server
+test: redis-server vet
+	$(GO) test -race -count=1 ./...
+
+vet:
+	$(GO) vet ./...
+
+## lint: gofmt and go vet must be clean
+lint: vet
+	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	if [ -n "$$out" ]; then echo "gofmt needed on:"; echo "$$out"; exit 1; fi
+
+fmt:
+	gofmt -w $$(git ls-files '*.go')
+
+## redis-server: the tests start their own servers; install the binary if missing
+redis-server:
+	@if [ -n "$$REDIS_SERVER" ] || command -v redis-server >/dev/null 2>&1; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "redis-server missing: installing it with apt-get"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server; \
+	else \
+		echo "redis-server is missing and cannot be installed here."; \
+		echo "Install it (Debian/Ubuntu: sudo apt-get install -y redis-server; macOS: brew install redis),"; \
+		echo "or set REDIS_SERVER to its path."; \
+		exit 1; \
+	fi

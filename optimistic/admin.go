@@ -1,0 +1,165 @@
+package optimistic
+
+import (
+	"context"
+	"strconv"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// SyncKey upserts a key's allocation state into its HASH and its pool
+// membership, moving it out of its old pool if provider or pool changed.
+// Leases, the fencing counter and (when k.LastUsedAt is zero) last_used_at
+// are kept. Allocate checks membership on the HASH, so a partial failure
+// can at worst leave a stale member in an old pool's ZSET, which nothing
+// reads; syncing again repairs it.
+func (s *Store) SyncKey(ctx context.Context, k Key) error {
+	if err := checkIDs("key id", k.ID, "provider", k.Provider, "pool", k.Pool); err != nil {
+		return err
+	}
+	if !k.Status.Valid() {
+		return invalidf("status %q of key %s: unknown", k.Status, k.ID)
+	}
+	keyKey := s.keys.key(k.ID)
+	old, err := s.rdb.HMGet(ctx, keyKey, fieldProvider, fieldPool).Result()
+	if err != nil {
+		return outcome(ctx, "sync key", err)
+	}
+	cooldown := ""
+	if !k.CooldownUntil.IsZero() {
+		cooldown = strconv.FormatInt(k.CooldownUntil.UnixMilli(), 10)
+	}
+	fields := []any{
+		fieldProvider, k.Provider, fieldPool, k.Pool, fieldStatus, string(k.Status),
+		fieldCooldown, cooldown, fieldLimit, k.MaxConcurrentUses,
+	}
+	if !k.LastUsedAt.IsZero() {
+		fields = append(fields, fieldLastUsed, k.LastUsedAt.UnixMilli())
+	}
+	// Separate commands, not MULTI: the pool ZSETs live in other slots.
+	_, err = s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		p.HSet(ctx, keyKey, fields...)
+		p.ZAdd(ctx, s.keys.pool(k.Provider, k.Pool), redis.Z{Score: k.Score, Member: k.ID})
+		oldProvider, _ := old[0].(string)
+		oldPool, _ := old[1].(string)
+		if oldProvider != "" && (oldProvider != k.Provider || oldPool != k.Pool) {
+			p.ZRem(ctx, s.keys.pool(oldProvider, oldPool), k.ID)
+		}
+		return nil
+	})
+	return outcome(ctx, "sync key", err)
+}
+
+// DeleteKey removes the key HASH, its lease ZSET, every lease record and
+// its pool membership. Holders of its leases lose them. Deleting a missing
+// key is not an error. If it fails after the key HASH is gone, only the
+// pool membership may remain; deleting again removes it.
+func (s *Store) DeleteKey(ctx context.Context, keyID string) error {
+	if err := checkIDs("key id", keyID); err != nil {
+		return err
+	}
+	var k keyState
+	err := s.retry(ctx, func() (err error) {
+		k, _, err = s.dropLeases(ctx, keyID, true)
+		return err
+	})
+	if err == nil && k.exists {
+		err = s.rdb.ZRem(ctx, s.keys.pool(k.provider, k.pool), keyID).Err()
+	}
+	return outcome(ctx, "delete key", err)
+}
+
+// ClearLeases force-releases every lease of the key (an admin action) and
+// returns how many there were, expired ones included. Their holders lose
+// them. On error nothing is removed.
+func (s *Store) ClearLeases(ctx context.Context, keyID string) (int, error) {
+	if err := checkIDs("key id", keyID); err != nil {
+		return 0, err
+	}
+	var n int
+	err := s.retry(ctx, func() (err error) {
+		_, n, err = s.dropLeases(ctx, keyID, false)
+		return err
+	})
+	if err != nil {
+		return 0, outcome(ctx, "clear leases", err)
+	}
+	return n, nil
+}
+
+// dropLeases deletes, in one transaction, the key's lease ZSET and every
+// lease record in it, plus the key HASH when withKey. It returns the key as
+// read and the number of leases removed.
+func (s *Store) dropLeases(ctx context.Context, keyID string, withKey bool) (keyState, int, error) {
+	keyKey, leasesKey := s.keys.key(keyID), s.keys.leases(keyID)
+	var (
+		k   keyState
+		ids []string
+	)
+	err := s.watch(ctx, []string{keyKey, leasesKey}, func(t *txn) error {
+		var (
+			hash   *redis.SliceCmd
+			leases *redis.StringSliceCmd
+		)
+		err := t.read(ctx, func(p redis.Pipeliner) {
+			hash = p.HMGet(ctx, keyKey, keyFields...)
+			leases = p.ZRange(ctx, leasesKey, 0, -1)
+		})
+		if err != nil {
+			return err
+		}
+		k, ids = parseKey(hash.Val()), leases.Val()
+		if len(ids) == 0 && !withKey {
+			return nil
+		}
+		return t.commit(ctx, func(p redis.Pipeliner) {
+			dels := []string{leasesKey}
+			for _, id := range ids {
+				dels = append(dels, s.keys.lease(keyID, id))
+			}
+			if withKey {
+				dels = append(dels, keyKey)
+			}
+			p.Del(ctx, dels...)
+		})
+	})
+	return k, len(ids), err
+}
+
+// Inspect reads the live state of each key in one pipelined round trip.
+// Missing keys come back with Exists false.
+func (s *Store) Inspect(ctx context.Context, keyIDs ...string) ([]KeyInfo, error) {
+	for _, id := range keyIDs {
+		if err := checkIDs("key id", id); err != nil {
+			return nil, err
+		}
+	}
+	var (
+		clock  *redis.TimeCmd
+		hashes = make([]*redis.SliceCmd, len(keyIDs))
+		leases = make([]*redis.ZSliceCmd, len(keyIDs))
+	)
+	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		clock = p.Time(ctx)
+		for i, id := range keyIDs {
+			hashes[i] = p.HMGet(ctx, s.keys.key(id), keyFields...)
+			leases[i] = p.ZRangeWithScores(ctx, s.keys.leases(id), 0, -1)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, outcome(ctx, "inspect", err)
+	}
+	now := clock.Val().UnixMilli()
+	out := make([]KeyInfo, len(keyIDs))
+	for i, id := range keyIDs {
+		k, ls := parseKey(hashes[i].Val()), splitLeases(leases[i].Val(), now)
+		cd, _ := parseMillis(k.cooldown)
+		out[i] = KeyInfo{
+			ID: id, Exists: k.exists, Provider: k.provider, Pool: k.pool, Status: k.status,
+			CooldownUntil: fromMillis(cd), Limit: k.limit, Live: ls.live,
+			FreeAt: fromMillis(freeAt(k, ls, now)), Fence: k.fence,
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,169 @@
+package optimistic
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/redis/go-redis/v9"
+)
+
+// Allocate leases a slot on the first candidate, in the given order, that is
+// a member of req.Provider/req.Pool, is usable, and has fewer live leases
+// than its limit. It returns a *CapacityError (ErrNoCapacity) when none has,
+// ErrContended when conflicts outlast the retry budget, and an ErrStore on
+// Redis failure.
+//
+// Each candidate is read under WATCH (one round trip: WATCH, TIME, the key
+// HASH, the lease ZSET) and, if it has room, claimed in one MULTI that prunes
+// its expired leases, adds the lease and its record, and marks the key
+// available. A conflict re-reads the same candidate after a backoff.
+//
+// On any error no lease is held, except that after a lost EXEC reply whose
+// recheck also failed a lease may exist; it expires by itself after TTL.
+func (s *Store) Allocate(ctx context.Context, req AllocateRequest) (Lease, Stats, error) {
+	var st Stats
+	if err := checkRequest(req); err != nil {
+		return Lease{}, st, err
+	}
+	// One lease id per call: if an EXEC reply is lost, the next read finds
+	// this id and returns the same lease instead of taking a second slot.
+	a := allocation{Store: s, req: req, leaseID: uuid.NewString(), stats: &st}
+	err := s.retry(ctx, func() error { return a.next(ctx) })
+	if err != nil {
+		return Lease{}, st, outcome(ctx, "allocate", err)
+	}
+	return a.lease, st, nil
+}
+
+func checkRequest(req AllocateRequest) error {
+	if err := checkIDs("provider", req.Provider, "pool", req.Pool); err != nil {
+		return err
+	}
+	for _, id := range req.Candidates {
+		if err := checkIDs("key id", id); err != nil {
+			return err
+		}
+	}
+	if req.TTL < time.Millisecond {
+		return invalidf("lease ttl %v: want at least 1ms", req.TTL)
+	}
+	return nil
+}
+
+// allocation is the state one Allocate call keeps across retries.
+type allocation struct {
+	*Store
+	req     AllocateRequest
+	leaseID string
+	stats   *Stats
+
+	cand    int   // index of the candidate being tried; earlier ones were skipped
+	free    int64 // earliest free-up (ms) among skipped candidates, 0 if none
+	pending bool  // an EXEC with leaseID may have committed on req.Candidates[cand]
+	lease   Lease
+}
+
+// next tries the candidates from a.cand on. It returns nil with a.lease set,
+// a *CapacityError, or the error that stopped it (a conflict is retried on
+// the same candidate).
+func (a *allocation) next(ctx context.Context) error {
+	for ; a.cand < len(a.req.Candidates); a.cand++ {
+		a.stats.Attempts++
+		granted, err := a.try(ctx, a.req.Candidates[a.cand])
+		if errors.Is(err, redis.TxFailedErr) {
+			a.stats.Conflicts++
+		}
+		if err != nil || granted {
+			return err
+		}
+	}
+	return &CapacityError{FreeAt: fromMillis(a.free)}
+}
+
+// try reads one candidate under WATCH and claims a slot if it has one.
+func (a *allocation) try(ctx context.Context, keyID string) (granted bool, err error) {
+	keyKey, leasesKey := a.keys.key(keyID), a.keys.leases(keyID)
+	recordKey := a.keys.lease(keyID, a.leaseID)
+	err = a.watch(ctx, []string{keyKey, leasesKey}, func(t *txn) error {
+		var (
+			clock  *redis.TimeCmd
+			hash   *redis.SliceCmd
+			leases *redis.ZSliceCmd
+			fence  *redis.StringCmd
+		)
+		err := t.read(ctx, func(p redis.Pipeliner) {
+			clock = p.Time(ctx)
+			hash = p.HMGet(ctx, keyKey, keyFields...)
+			leases = p.ZRangeWithScores(ctx, leasesKey, 0, -1)
+			if a.pending {
+				fence = p.HGet(ctx, recordKey, fieldFence)
+			}
+		})
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return err
+		}
+		now := clock.Val().UnixMilli()
+		k := parseKey(hash.Val())
+		ls := splitLeases(leases.Val(), now)
+		if a.pending {
+			a.pending = false
+			if until, ok := liveScore(leases.Val(), a.leaseID, now); ok {
+				// The EXEC whose reply was lost did commit: hand out that lease.
+				f, _ := fence.Int64()
+				a.grant(keyID, until, f)
+				granted = true
+				return nil
+			}
+		}
+		if !k.member(a.req.Provider, a.req.Pool) {
+			return nil
+		}
+		if !Usable(k.status, k.cooldown, now) || ls.live >= k.limit {
+			a.free = earliest(a.free, freeAt(k, ls, now))
+			return nil
+		}
+		until := now + a.req.TTL.Milliseconds()
+		fenceNext := k.fence + 1
+		err = t.commit(ctx, func(p redis.Pipeliner) {
+			if len(ls.expired) > 0 {
+				members := make([]any, len(ls.expired))
+				records := make([]string, len(ls.expired))
+				for i, id := range ls.expired {
+					members[i], records[i] = id, a.keys.lease(keyID, id)
+				}
+				p.ZRem(ctx, leasesKey, members...)
+				p.Del(ctx, records...)
+			}
+			p.ZAdd(ctx, leasesKey, redis.Z{Score: float64(until), Member: a.leaseID})
+			p.HSet(ctx, recordKey,
+				fieldKeyID, keyID, fieldProvider, a.req.Provider, fieldPool, a.req.Pool,
+				fieldUntil, until, fieldFence, fenceNext)
+			p.PExpireAt(ctx, recordKey, fromMillis(until).Add(a.opts.RecordGrace))
+			p.HSet(ctx, keyKey,
+				fieldStatus, string(StatusAvailable), fieldCooldown, "",
+				fieldLastUsed, now, fieldFence, fenceNext)
+		})
+		if err != nil {
+			var rerr redis.Error
+			if !errors.As(err, &rerr) && ctx.Err() == nil {
+				a.pending = true
+				return errors.Join(errRecheck, err)
+			}
+			return err
+		}
+		a.grant(keyID, until, fenceNext)
+		granted = true
+		return nil
+	})
+	return granted, err
+}
+
+func (a *allocation) grant(keyID string, until, fence int64) {
+	a.lease = Lease{
+		LeaseRef: LeaseRef{Provider: a.req.Provider, Pool: a.req.Pool, KeyID: keyID, LeaseID: a.leaseID},
+		Until:    fromMillis(until),
+		Fence:    fence,
+	}
+}

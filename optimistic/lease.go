@@ -1,0 +1,129 @@
+package optimistic
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// recordFields are the lease record fields checked against a LeaseRef.
+var recordFields = []string{fieldKeyID, fieldProvider, fieldPool}
+
+// Release deletes the lease if key id, provider, pool and lease id all
+// match and it has not expired. Otherwise it returns ErrLeaseLost (unknown,
+// released or expired; a wrong key id also looks unknown, since the record
+// lives under the key) or ErrLeaseMismatch (wrong provider or pool), and
+// writes nothing. Releasing twice is harmless: the second call is
+// ErrLeaseLost. It never touches another lease.
+func (s *Store) Release(ctx context.Context, ref LeaseRef) error {
+	if err := checkRef(ref); err != nil {
+		return err
+	}
+	leasesKey, recordKey := s.keys.leases(ref.KeyID), s.keys.lease(ref.KeyID, ref.LeaseID)
+	var (
+		clock  *redis.TimeCmd
+		record *redis.SliceCmd
+		score  *redis.FloatCmd
+	)
+	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		clock = p.Time(ctx)
+		record = p.HMGet(ctx, recordKey, recordFields...)
+		score = p.ZScore(ctx, leasesKey, ref.LeaseID)
+		return nil
+	})
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return outcome(ctx, "release", err)
+	}
+	if err := checkHolder(ref, record.Val(), score, clock.Val().UnixMilli()); err != nil {
+		return err
+	}
+	// No WATCH needed: the lease id is unique, so these writes can only hit
+	// this lease. If it expired and was pruned meanwhile, ZREM says so.
+	var removed *redis.IntCmd
+	_, err = s.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.Del(ctx, recordKey)
+		removed = p.ZRem(ctx, leasesKey, ref.LeaseID)
+		return nil
+	})
+	if err != nil {
+		return outcome(ctx, "release", err)
+	}
+	if removed.Val() == 0 {
+		return fmt.Errorf("%w: lease %s expired", ErrLeaseLost, ref.LeaseID)
+	}
+	return nil
+}
+
+// Renew moves a live lease's expiry to now+ttl (store clock) and returns it.
+// A lease that expired, was released or pruned, or does not match is lost
+// (ErrLeaseLost, ErrLeaseMismatch) and is never recreated. On error nothing
+// is written.
+func (s *Store) Renew(ctx context.Context, ref LeaseRef, ttl time.Duration) (time.Time, error) {
+	if err := checkRef(ref); err != nil {
+		return time.Time{}, err
+	}
+	if ttl < time.Millisecond {
+		return time.Time{}, invalidf("lease ttl %v: want at least 1ms", ttl)
+	}
+	leasesKey, recordKey := s.keys.leases(ref.KeyID), s.keys.lease(ref.KeyID, ref.LeaseID)
+	var until int64
+	err := s.retry(ctx, func() error {
+		// Watch the lease ZSET only: a prune or release of this lease writes
+		// it, and the key HASH has nothing renew depends on.
+		return s.watch(ctx, []string{leasesKey}, func(t *txn) error {
+			var (
+				clock  *redis.TimeCmd
+				record *redis.SliceCmd
+				score  *redis.FloatCmd
+			)
+			err := t.read(ctx, func(p redis.Pipeliner) {
+				clock = p.Time(ctx)
+				record = p.HMGet(ctx, recordKey, recordFields...)
+				score = p.ZScore(ctx, leasesKey, ref.LeaseID)
+			})
+			if err != nil && !errors.Is(err, redis.Nil) {
+				return err
+			}
+			now := clock.Val().UnixMilli()
+			if err := checkHolder(ref, record.Val(), score, now); err != nil {
+				return err
+			}
+			until = now + ttl.Milliseconds()
+			return t.commit(ctx, func(p redis.Pipeliner) {
+				p.ZAddXX(ctx, leasesKey, redis.Z{Score: float64(until), Member: ref.LeaseID})
+				p.HSet(ctx, recordKey, fieldUntil, until)
+				p.PExpireAt(ctx, recordKey, fromMillis(until).Add(s.opts.RecordGrace))
+			})
+		})
+	})
+	if err != nil {
+		return time.Time{}, outcome(ctx, "renew", err)
+	}
+	return fromMillis(until), nil
+}
+
+func checkRef(ref LeaseRef) error {
+	return checkIDs("provider", ref.Provider, "pool", ref.Pool, "key id", ref.KeyID, "lease id", ref.LeaseID)
+}
+
+// checkHolder says whether ref holds a live lease, given its record (HMGET
+// recordFields) and its score in the key's lease ZSET.
+func checkHolder(ref LeaseRef, record []any, score *redis.FloatCmd, now int64) error {
+	got := make([]string, len(recordFields))
+	for i, v := range record {
+		got[i], _ = v.(string)
+	}
+	if got[0] == "" {
+		return fmt.Errorf("%w: lease %s is unknown, released or expired", ErrLeaseLost, ref.LeaseID)
+	}
+	if got[0] != ref.KeyID || got[1] != ref.Provider || got[2] != ref.Pool {
+		return fmt.Errorf("%w: lease %s", ErrLeaseMismatch, ref.LeaseID)
+	}
+	if score.Err() != nil || int64(score.Val()) <= now {
+		return fmt.Errorf("%w: lease %s expired", ErrLeaseLost, ref.LeaseID)
+	}
+	return nil
+}

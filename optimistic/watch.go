@@ -1,0 +1,99 @@
+package optimistic
+
+import (
+	"context"
+	"errors"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// txn is one optimistic transaction on the connection that owns its keys.
+// It is used by one goroutine only.
+type txn struct {
+	tx *redis.Tx
+	// arm lists the keys to WATCH in the first read pipeline; nil when
+	// go-redis already sent WATCH.
+	arm []string
+	// cleared is set once EXEC ran, which drops the watch server-side.
+	cleared bool
+}
+
+// read sends WATCH (when armed here) and the reads queued by fn in one round
+// trip.
+func (t *txn) read(ctx context.Context, fn func(p redis.Pipeliner)) error {
+	_, err := t.tx.Pipelined(ctx, func(p redis.Pipeliner) error {
+		if t.arm != nil {
+			args := make([]any, 0, len(t.arm)+1)
+			args = append(args, "watch")
+			for _, k := range t.arm {
+				args = append(args, k)
+			}
+			p.Do(ctx, args...)
+		}
+		fn(p)
+		return nil
+	})
+	return err
+}
+
+// commit sends MULTI, the writes queued by fn and EXEC in one round trip. It
+// returns redis.TxFailedErr if a watched key changed since read.
+func (t *txn) commit(ctx context.Context, fn func(p redis.Pipeliner)) error {
+	_, err := t.tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		fn(p)
+		return nil
+	})
+	// Same rule as go-redis: only these mean EXEC ran. On other errors the
+	// connection is either broken (and dropped) or still watching.
+	t.cleared = err == nil || errors.Is(err, redis.TxFailedErr) || redis.IsExecAbortError(err)
+	return err
+}
+
+// watch runs fn in a transaction watching keys (all in one slot).
+//
+// go-redis's Watch(ctx, fn, keys...) sends WATCH in a round trip of its own.
+// For standalone, Sentinel and Cluster clients we send WATCH in the same
+// pipeline as TIME and the reads instead: two round trips per uncontended
+// attempt. Other clients (Ring, wrappers), and a cluster slot that just
+// moved, fall back to go-redis's Watch, which follows redirects. fn must
+// have no side effects outside the transaction: it may run again.
+func (s *Store) watch(ctx context.Context, keys []string, fn func(*txn) error) error {
+	switch c := s.rdb.(type) {
+	case *redis.Client:
+		return armedWatch(ctx, c, keys, fn)
+	case *redis.ClusterClient:
+		node, err := c.MasterForKey(ctx, keys[0])
+		if err != nil {
+			return err
+		}
+		err = armedWatch(ctx, node, keys, fn)
+		if !isRedirect(err) {
+			return err
+		}
+		c.ReloadState(ctx)
+	}
+	return s.rdb.Watch(ctx, func(tx *redis.Tx) error { return fn(&txn{tx: tx}) }, keys...)
+}
+
+// armedWatch runs fn on a fresh transaction that WATCHes keys in its first
+// pipeline. go-redis does not know about that WATCH, so if EXEC never ran we
+// send UNWATCH ourselves rather than return a watching connection to the
+// pool.
+func armedWatch(ctx context.Context, c *redis.Client, keys []string, fn func(*txn) error) error {
+	return c.Watch(ctx, func(tx *redis.Tx) error {
+		t := &txn{tx: tx, arm: keys}
+		err := fn(t)
+		if !t.cleared {
+			_ = tx.Unwatch(ctx).Err()
+		}
+		return err
+	})
+}
+
+func isRedirect(err error) bool {
+	if _, ok := redis.IsMovedError(err); ok {
+		return true
+	}
+	_, ok := redis.IsAskError(err)
+	return ok
+}

@@ -1,0 +1,118 @@
+package redistest
+
+import (
+	"bytes"
+	"errors"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// Proxy is a loopback TCP proxy in front of a server, for injecting faults
+// a client cannot tell from a real network failure.
+type Proxy struct {
+	// Addr is where clients connect.
+	Addr   string
+	target string
+	ln     net.Listener
+	cut    atomic.Bool
+	cuts   atomic.Int64
+	wg     sync.WaitGroup
+}
+
+// NewProxy forwards connections on a free loopback port to target until t
+// ends.
+func NewProxy(t testing.TB, target string) *Proxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("redistest: proxy listen: %v", err)
+	}
+	p := &Proxy{Addr: ln.Addr().String(), target: target, ln: ln}
+	p.wg.Add(1)
+	go p.accept()
+	t.Cleanup(func() {
+		_ = ln.Close()
+		p.wg.Wait()
+	})
+	return p
+}
+
+// CutNextExec makes the proxy deliver the next EXEC to the server, let the
+// server run it, then drop the reply and close that connection: the client
+// cannot know whether its transaction committed.
+func (p *Proxy) CutNextExec() { p.cut.Store(true) }
+
+// Cuts says how many replies the proxy has dropped.
+func (p *Proxy) Cuts() int { return int(p.cuts.Load()) }
+
+func (p *Proxy) accept() {
+	defer p.wg.Done()
+	for {
+		client, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		server, err := net.Dial("tcp", p.target)
+		if err != nil {
+			_ = client.Close()
+			continue
+		}
+		p.wg.Add(2)
+		var mute atomic.Bool
+		go p.toServer(client, server, &mute)
+		go p.toClient(server, client, &mute)
+	}
+}
+
+var execCmd = []byte("\r\nexec\r\n")
+
+func (p *Proxy) toServer(client, server net.Conn, mute *atomic.Bool) {
+	defer p.wg.Done()
+	defer client.Close()
+	defer server.Close()
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := client.Read(buf)
+		if n > 0 {
+			chunk := buf[:n]
+			cutting := bytes.Contains(bytes.ToLower(chunk), execCmd) && p.cut.CompareAndSwap(true, false)
+			if cutting {
+				mute.Store(true)
+			}
+			if _, werr := server.Write(chunk); werr != nil {
+				return
+			}
+			if cutting {
+				// Give the server time to run EXEC before hanging up.
+				time.Sleep(200 * time.Millisecond)
+				p.cuts.Add(1)
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+func (p *Proxy) toClient(server, client net.Conn, mute *atomic.Bool) {
+	defer p.wg.Done()
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := server.Read(buf)
+		if n > 0 && !mute.Load() {
+			if _, werr := client.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			if !errors.Is(err, net.ErrClosed) {
+				_ = client.Close()
+			}
+			return
+		}
+	}
+}
