@@ -14,16 +14,13 @@ import (
 // can at worst leave a stale member in an old pool's ZSET, which nothing
 // reads; syncing again repairs it.
 func (s *Store) SyncKey(ctx context.Context, k Key) error {
-	if err := checkIDs("key id", k.ID, "provider", k.Provider, "pool", k.Pool); err != nil {
+	if err := k.Validate(); err != nil {
 		return err
 	}
-	if !k.Status.Valid() {
-		return invalidf("status %q of key %s: unknown", k.Status, k.ID)
-	}
-	keyKey := s.keys.key(k.ID)
+	keyKey := s.keys.Key(k.ID)
 	old, err := s.rdb.HMGet(ctx, keyKey, fieldProvider, fieldPool).Result()
 	if err != nil {
-		return outcome(ctx, "sync key", err)
+		return Classify(ctx, "sync key", err)
 	}
 	cooldown := ""
 	if !k.CooldownUntil.IsZero() {
@@ -39,15 +36,15 @@ func (s *Store) SyncKey(ctx context.Context, k Key) error {
 	// Separate commands, not MULTI: the pool ZSETs live in other slots.
 	_, err = s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		p.HSet(ctx, keyKey, fields...)
-		p.ZAdd(ctx, s.keys.pool(k.Provider, k.Pool), redis.Z{Score: k.Score, Member: k.ID})
+		p.ZAdd(ctx, s.keys.Pool(k.Provider, k.Pool), redis.Z{Score: k.Score, Member: k.ID})
 		oldProvider, _ := old[0].(string)
 		oldPool, _ := old[1].(string)
 		if oldProvider != "" && (oldProvider != k.Provider || oldPool != k.Pool) {
-			p.ZRem(ctx, s.keys.pool(oldProvider, oldPool), k.ID)
+			p.ZRem(ctx, s.keys.Pool(oldProvider, oldPool), k.ID)
 		}
 		return nil
 	})
-	return outcome(ctx, "sync key", err)
+	return Classify(ctx, "sync key", err)
 }
 
 // DeleteKey removes the key HASH, its lease ZSET, every lease record and
@@ -55,7 +52,7 @@ func (s *Store) SyncKey(ctx context.Context, k Key) error {
 // key is not an error. If it fails after the key HASH is gone, only the
 // pool membership may remain; deleting again removes it.
 func (s *Store) DeleteKey(ctx context.Context, keyID string) error {
-	if err := checkIDs("key id", keyID); err != nil {
+	if err := CheckKeyIDs(keyID); err != nil {
 		return err
 	}
 	var k keyState
@@ -64,16 +61,16 @@ func (s *Store) DeleteKey(ctx context.Context, keyID string) error {
 		return err
 	})
 	if err == nil && k.exists {
-		err = s.rdb.ZRem(ctx, s.keys.pool(k.provider, k.pool), keyID).Err()
+		err = s.rdb.ZRem(ctx, s.keys.Pool(k.provider, k.pool), keyID).Err()
 	}
-	return outcome(ctx, "delete key", err)
+	return Classify(ctx, "delete key", err)
 }
 
 // ClearLeases force-releases every lease of the key (an admin action) and
 // returns how many there were, expired ones included. Their holders lose
 // them. On error nothing is removed.
 func (s *Store) ClearLeases(ctx context.Context, keyID string) (int, error) {
-	if err := checkIDs("key id", keyID); err != nil {
+	if err := CheckKeyIDs(keyID); err != nil {
 		return 0, err
 	}
 	var n int
@@ -82,7 +79,7 @@ func (s *Store) ClearLeases(ctx context.Context, keyID string) (int, error) {
 		return err
 	})
 	if err != nil {
-		return 0, outcome(ctx, "clear leases", err)
+		return 0, Classify(ctx, "clear leases", err)
 	}
 	return n, nil
 }
@@ -91,7 +88,7 @@ func (s *Store) ClearLeases(ctx context.Context, keyID string) (int, error) {
 // lease record in it, plus the key HASH when withKey. It returns the key as
 // read and the number of leases removed.
 func (s *Store) dropLeases(ctx context.Context, keyID string, withKey bool) (keyState, int, error) {
-	keyKey, leasesKey := s.keys.key(keyID), s.keys.leases(keyID)
+	keyKey, leasesKey := s.keys.Key(keyID), s.keys.Leases(keyID)
 	var (
 		k   keyState
 		ids []string
@@ -115,7 +112,7 @@ func (s *Store) dropLeases(ctx context.Context, keyID string, withKey bool) (key
 		return t.commit(ctx, func(p redis.Pipeliner) {
 			dels := []string{leasesKey}
 			for _, id := range ids {
-				dels = append(dels, s.keys.lease(keyID, id))
+				dels = append(dels, s.keys.Lease(keyID, id))
 			}
 			if withKey {
 				dels = append(dels, keyKey)
@@ -129,10 +126,8 @@ func (s *Store) dropLeases(ctx context.Context, keyID string, withKey bool) (key
 // Inspect reads the live state of each key in one pipelined round trip.
 // Missing keys come back with Exists false.
 func (s *Store) Inspect(ctx context.Context, keyIDs ...string) ([]KeyInfo, error) {
-	for _, id := range keyIDs {
-		if err := checkIDs("key id", id); err != nil {
-			return nil, err
-		}
+	if err := CheckKeyIDs(keyIDs...); err != nil {
+		return nil, err
 	}
 	var (
 		clock  *redis.TimeCmd
@@ -142,13 +137,13 @@ func (s *Store) Inspect(ctx context.Context, keyIDs ...string) ([]KeyInfo, error
 	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		clock = p.Time(ctx)
 		for i, id := range keyIDs {
-			hashes[i] = p.HMGet(ctx, s.keys.key(id), keyFields...)
-			leases[i] = p.ZRangeWithScores(ctx, s.keys.leases(id), 0, -1)
+			hashes[i] = p.HMGet(ctx, s.keys.Key(id), keyFields...)
+			leases[i] = p.ZRangeWithScores(ctx, s.keys.Leases(id), 0, -1)
 		}
 		return nil
 	})
 	if err != nil {
-		return nil, outcome(ctx, "inspect", err)
+		return nil, Classify(ctx, "inspect", err)
 	}
 	now := clock.Val().UnixMilli()
 	out := make([]KeyInfo, len(keyIDs))

@@ -3,7 +3,6 @@ package optimistic
 import (
 	"context"
 	"errors"
-	"time"
 
 	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
@@ -24,7 +23,7 @@ import (
 // recheck also failed a lease may exist; it expires by itself after TTL.
 func (s *Store) Allocate(ctx context.Context, req AllocateRequest) (Lease, Stats, error) {
 	var st Stats
-	if err := checkRequest(req); err != nil {
+	if err := req.Validate(); err != nil {
 		return Lease{}, st, err
 	}
 	// One lease id per call: if an EXEC reply is lost, the next read finds
@@ -32,24 +31,21 @@ func (s *Store) Allocate(ctx context.Context, req AllocateRequest) (Lease, Stats
 	a := allocation{Store: s, req: req, leaseID: uuid.NewString(), stats: &st}
 	err := s.retry(ctx, func() error { return a.next(ctx) })
 	if err != nil {
-		return Lease{}, st, outcome(ctx, "allocate", err)
+		return Lease{}, st, Classify(ctx, "allocate", err)
 	}
 	return a.lease, st, nil
 }
 
-func checkRequest(req AllocateRequest) error {
+// Validate returns an ErrInvalid naming the first bad field: a malformed
+// id or a ttl under 1ms.
+func (req AllocateRequest) Validate() error {
 	if err := checkIDs("provider", req.Provider, "pool", req.Pool); err != nil {
 		return err
 	}
-	for _, id := range req.Candidates {
-		if err := checkIDs("key id", id); err != nil {
-			return err
-		}
+	if err := CheckKeyIDs(req.Candidates...); err != nil {
+		return err
 	}
-	if req.TTL < time.Millisecond {
-		return invalidf("lease ttl %v: want at least 1ms", req.TTL)
-	}
-	return nil
+	return CheckTTL(req.TTL)
 }
 
 // allocation is the state one Allocate call keeps across retries.
@@ -84,8 +80,8 @@ func (a *allocation) next(ctx context.Context) error {
 
 // try reads one candidate under WATCH and claims a slot if it has one.
 func (a *allocation) try(ctx context.Context, keyID string) (granted bool, err error) {
-	keyKey, leasesKey := a.keys.key(keyID), a.keys.leases(keyID)
-	recordKey := a.keys.lease(keyID, a.leaseID)
+	keyKey, leasesKey := a.keys.Key(keyID), a.keys.Leases(keyID)
+	recordKey := a.keys.Lease(keyID, a.leaseID)
 	err = a.watch(ctx, []string{keyKey, leasesKey}, func(t *txn) error {
 		var (
 			clock  *redis.TimeCmd
@@ -131,7 +127,7 @@ func (a *allocation) try(ctx context.Context, keyID string) (granted bool, err e
 				members := make([]any, len(ls.expired))
 				records := make([]string, len(ls.expired))
 				for i, id := range ls.expired {
-					members[i], records[i] = id, a.keys.lease(keyID, id)
+					members[i], records[i] = id, a.keys.Lease(keyID, id)
 				}
 				p.ZRem(ctx, leasesKey, members...)
 				p.Del(ctx, records...)

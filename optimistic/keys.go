@@ -2,6 +2,7 @@ package optimistic
 
 import (
 	"strings"
+	"time"
 )
 
 // maxIDLen bounds ids so key names stay short and predictable.
@@ -37,25 +38,45 @@ func checkIDs(pairs ...string) error {
 	return nil
 }
 
-// schema names the Redis keys of one store. Every key of one credential
-// carries the hash tag {<key id>}, so each transaction touches one slot.
-type schema struct{ prefix string }
+// Schema names the Redis keys under one prefix (DESIGN.md, "Redis key
+// schema"). Every key of one credential carries the hash tag {<key id>}, so
+// each transaction touches one slot. Every Redis-backed store uses it.
+type Schema struct{ Prefix string }
 
-// pool is the ZSET of key ids of one provider/pool (ops score, never read by
+// Pool is the ZSET of key ids of one provider/pool (ops score, never read by
 // Allocate).
-func (s schema) pool(provider, pool string) string {
-	return s.prefix + ":pool:{" + provider + "/" + pool + "}"
+func (s Schema) Pool(provider, pool string) string {
+	return s.Prefix + ":pool:{" + provider + "/" + pool + "}"
 }
 
-// key is the HASH with the credential's allocation state.
-func (s schema) key(keyID string) string { return s.prefix + ":key:{" + keyID + "}" }
+// Key is the HASH with the credential's allocation state.
+func (s Schema) Key(keyID string) string { return s.Prefix + ":key:{" + keyID + "}" }
 
-// leases is the ZSET of the key's leases, scored by expiry in ms.
-func (s schema) leases(keyID string) string { return s.key(keyID) + ":leases" }
+// Leases is the ZSET of the key's leases, scored by expiry in ms.
+func (s Schema) Leases(keyID string) string { return s.Key(keyID) + ":leases" }
 
-// lease is the HASH recording who a lease belongs to.
-func (s schema) lease(keyID, leaseID string) string {
-	return s.key(keyID) + ":lease:" + leaseID
+// Lease is the HASH recording who a lease belongs to.
+func (s Schema) Lease(keyID, leaseID string) string {
+	return s.Key(keyID) + ":lease:" + leaseID
+}
+
+// CheckKeyIDs returns an ErrInvalid naming the first malformed key id.
+func CheckKeyIDs(ids ...string) error {
+	for _, id := range ids {
+		if err := checkIDs("key id", id); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// CheckTTL returns an ErrInvalid for a lease ttl under one millisecond, the
+// stores' clock resolution.
+func CheckTTL(ttl time.Duration) error {
+	if ttl < time.Millisecond {
+		return invalidf("lease ttl %v: want at least 1ms", ttl)
+	}
+	return nil
 }
 
 // validPrefix rejects prefixes that would put a brace before the hash tag.

@@ -19,10 +19,10 @@ var recordFields = []string{fieldKeyID, fieldProvider, fieldPool}
 // writes nothing. Releasing twice is harmless: the second call is
 // ErrLeaseLost. It never touches another lease.
 func (s *Store) Release(ctx context.Context, ref LeaseRef) error {
-	if err := checkRef(ref); err != nil {
+	if err := ref.Validate(); err != nil {
 		return err
 	}
-	leasesKey, recordKey := s.keys.leases(ref.KeyID), s.keys.lease(ref.KeyID, ref.LeaseID)
+	leasesKey, recordKey := s.keys.Leases(ref.KeyID), s.keys.Lease(ref.KeyID, ref.LeaseID)
 	var (
 		clock  *redis.TimeCmd
 		record *redis.SliceCmd
@@ -35,7 +35,7 @@ func (s *Store) Release(ctx context.Context, ref LeaseRef) error {
 		return nil
 	})
 	if err != nil && !errors.Is(err, redis.Nil) {
-		return outcome(ctx, "release", err)
+		return Classify(ctx, "release", err)
 	}
 	if err := checkHolder(ref, record.Val(), score, clock.Val().UnixMilli()); err != nil {
 		return err
@@ -49,7 +49,7 @@ func (s *Store) Release(ctx context.Context, ref LeaseRef) error {
 		return nil
 	})
 	if err != nil {
-		return outcome(ctx, "release", err)
+		return Classify(ctx, "release", err)
 	}
 	if removed.Val() == 0 {
 		return fmt.Errorf("%w: lease %s expired", ErrLeaseLost, ref.LeaseID)
@@ -62,13 +62,13 @@ func (s *Store) Release(ctx context.Context, ref LeaseRef) error {
 // (ErrLeaseLost, ErrLeaseMismatch) and is never recreated. On error nothing
 // is written.
 func (s *Store) Renew(ctx context.Context, ref LeaseRef, ttl time.Duration) (time.Time, error) {
-	if err := checkRef(ref); err != nil {
+	if err := ref.Validate(); err != nil {
 		return time.Time{}, err
 	}
-	if ttl < time.Millisecond {
-		return time.Time{}, invalidf("lease ttl %v: want at least 1ms", ttl)
+	if err := CheckTTL(ttl); err != nil {
+		return time.Time{}, err
 	}
-	leasesKey, recordKey := s.keys.leases(ref.KeyID), s.keys.lease(ref.KeyID, ref.LeaseID)
+	leasesKey, recordKey := s.keys.Leases(ref.KeyID), s.keys.Lease(ref.KeyID, ref.LeaseID)
 	var until int64
 	err := s.retry(ctx, func() error {
 		// Watch the lease ZSET only: a prune or release of this lease writes
@@ -100,12 +100,13 @@ func (s *Store) Renew(ctx context.Context, ref LeaseRef, ttl time.Duration) (tim
 		})
 	})
 	if err != nil {
-		return time.Time{}, outcome(ctx, "renew", err)
+		return time.Time{}, Classify(ctx, "renew", err)
 	}
 	return fromMillis(until), nil
 }
 
-func checkRef(ref LeaseRef) error {
+// Validate returns an ErrInvalid naming the first malformed id.
+func (ref LeaseRef) Validate() error {
 	return checkIDs("provider", ref.Provider, "pool", ref.Pool, "key id", ref.KeyID, "lease id", ref.LeaseID)
 }
 

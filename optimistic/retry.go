@@ -36,10 +36,12 @@ func (s *Store) retry(ctx context.Context, op func() error) error {
 	}, policy)
 }
 
-// outcome turns what op or retry returned into the contract's errors: our
-// own results pass through, cancellation keeps both causes, a conflict that
-// outlived the budget is ErrContended and anything else is a store failure.
-func outcome(ctx context.Context, op string, err error) error {
+// Classify turns what a store operation returned into the contract's
+// errors: the contract's own results pass through, cancellation keeps both
+// causes (and is not ErrStore), a conflict that outlived the retry budget is
+// ErrContended, and anything else is wrapped as ErrStore. Every LeaseStore
+// implementation uses it so their errors agree.
+func Classify(ctx context.Context, op string, err error) error {
 	switch {
 	case err == nil:
 		return nil

@@ -113,6 +113,17 @@ type Key struct {
 	Score float64
 }
 
+// Validate returns an ErrInvalid naming a malformed id or unknown status.
+func (k Key) Validate() error {
+	if err := checkIDs("key id", k.ID, "provider", k.Provider, "pool", k.Pool); err != nil {
+		return err
+	}
+	if !k.Status.Valid() {
+		return invalidf("status %q of key %s: unknown", k.Status, k.ID)
+	}
+	return nil
+}
+
 // KeyInfo is a key's live state by the store's clock.
 type KeyInfo struct {
 	ID            string
@@ -203,7 +214,7 @@ func (o *Options) withDefaults() Options {
 type Store struct {
 	rdb  redis.UniversalClient
 	opts Options
-	keys schema
+	keys Schema
 }
 
 // New returns a Store over rdb: a standalone, Sentinel (failover) or Cluster
@@ -216,5 +227,5 @@ func New(rdb redis.UniversalClient, opts *Options) (*Store, error) {
 	if !validPrefix(o.Prefix) {
 		return nil, invalidf("prefix %q must not contain braces", o.Prefix)
 	}
-	return &Store{rdb: rdb, opts: o, keys: schema{prefix: o.Prefix}}, nil
+	return &Store{rdb: rdb, opts: o, keys: Schema{Prefix: o.Prefix}}, nil
 }

@@ -25,7 +25,7 @@ func redisBackend(t *testing.T, cluster bool, newStore func(t *testing.T, rdb re
 		Store: newStore(t, rdb),
 		SetField: func(t *testing.T, keyID, field string, value *string) {
 			t.Helper()
-			name := "credpool:key:{" + keyID + "}"
+			name := optimistic.Schema{Prefix: "credpool"}.Key(keyID)
 			var err error
 			if value == nil {
 				err = rdb.HDel(context.Background(), name, field).Err()
