@@ -47,22 +47,29 @@ func (s *Store) SyncKey(ctx context.Context, k Key) error {
 	return Classify(ctx, "sync key", err)
 }
 
-// DeleteKey removes the key HASH, its lease ZSET, every lease record and
-// its pool membership. Holders of its leases lose them. Deleting a missing
-// key is not an error. If it fails after the key HASH is gone, only the
-// pool membership may remain; deleting again removes it.
+// DeleteKey removes the key's pool membership, then in one transaction its
+// HASH, its lease ZSET and every lease record. Holders of its leases lose
+// them. Deleting a missing key is not an error. The pool ZSET lives in
+// another slot, so it goes first: if the transaction then fails, the key
+// is still there and deleting again finishes the job.
 func (s *Store) DeleteKey(ctx context.Context, keyID string) error {
 	if err := CheckKeyIDs(keyID); err != nil {
 		return err
 	}
-	var k keyState
-	err := s.retry(ctx, func() (err error) {
-		k, _, err = s.dropLeases(ctx, keyID, true)
+	owner, err := s.rdb.HMGet(ctx, s.keys.Key(keyID), fieldProvider, fieldPool).Result()
+	if err != nil {
+		return Classify(ctx, "delete key", err)
+	}
+	if provider, _ := owner[0].(string); provider != "" {
+		pool, _ := owner[1].(string)
+		if err := s.rdb.ZRem(ctx, s.keys.Pool(provider, pool), keyID).Err(); err != nil {
+			return Classify(ctx, "delete key", err)
+		}
+	}
+	err = s.retry(ctx, func() error {
+		_, err := s.dropLeases(ctx, keyID, true)
 		return err
 	})
-	if err == nil && k.exists {
-		err = s.rdb.ZRem(ctx, s.keys.Pool(k.provider, k.pool), keyID).Err()
-	}
 	return Classify(ctx, "delete key", err)
 }
 
@@ -75,7 +82,7 @@ func (s *Store) ClearLeases(ctx context.Context, keyID string) (int, error) {
 	}
 	var n int
 	err := s.retry(ctx, func() (err error) {
-		_, n, err = s.dropLeases(ctx, keyID, false)
+		n, err = s.dropLeases(ctx, keyID, false)
 		return err
 	})
 	if err != nil {
@@ -85,27 +92,20 @@ func (s *Store) ClearLeases(ctx context.Context, keyID string) (int, error) {
 }
 
 // dropLeases deletes, in one transaction, the key's lease ZSET and every
-// lease record in it, plus the key HASH when withKey. It returns the key as
-// read and the number of leases removed.
-func (s *Store) dropLeases(ctx context.Context, keyID string, withKey bool) (keyState, int, error) {
+// lease record in it, plus the key HASH when withKey. It returns the number
+// of leases removed.
+func (s *Store) dropLeases(ctx context.Context, keyID string, withKey bool) (int, error) {
 	keyKey, leasesKey := s.keys.Key(keyID), s.keys.Leases(keyID)
-	var (
-		k   keyState
-		ids []string
-	)
+	var ids []string
 	err := s.watch(ctx, []string{keyKey, leasesKey}, func(t *txn) error {
-		var (
-			hash   *redis.SliceCmd
-			leases *redis.StringSliceCmd
-		)
+		var leases *redis.StringSliceCmd
 		err := t.read(ctx, func(p redis.Pipeliner) {
-			hash = p.HMGet(ctx, keyKey, keyFields...)
 			leases = p.ZRange(ctx, leasesKey, 0, -1)
 		})
 		if err != nil {
 			return err
 		}
-		k, ids = parseKey(hash.Val()), leases.Val()
+		ids = leases.Val()
 		if len(ids) == 0 && !withKey {
 			return nil
 		}
@@ -120,7 +120,7 @@ func (s *Store) dropLeases(ctx context.Context, keyID string, withKey bool) (key
 			p.Del(ctx, dels...)
 		})
 	})
-	return k, len(ids), err
+	return len(ids), err
 }
 
 // Inspect reads the live state of each key in one pipelined round trip.

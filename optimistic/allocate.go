@@ -150,6 +150,7 @@ func (a *allocation) try(ctx context.Context, keyID string) (granted bool, err e
 			return err
 		}
 		a.grant(keyID, until, fenceNext)
+		a.stats.Pruned += len(ls.expired)
 		granted = true
 		return nil
 	})

@@ -115,23 +115,31 @@ func splitLeases(zs []redis.Z, now int64) leaseSet {
 	return s
 }
 
-// freeAt is the earliest moment (ms) the key can grant, now if it can grant
-// now, 0 if it never frees up by itself.
+// freeAt applies FreeAt to one read of a key and its leases.
 func freeAt(k keyState, l leaseSet, now int64) int64 {
 	if !k.exists {
 		return 0
 	}
+	return FreeAt(k.status, k.cooldown, k.limit, l.live, l.first, now)
+}
+
+// FreeAt is the earliest moment (ms) an existing key can grant, the rule
+// every store reports in CapacityError.FreeAt and KeyInfo.FreeAt: now if it
+// can grant now; else the end of its cooldown or its first live lease
+// expiry (first, 0 if none), whichever is later; 0 if it never frees up by
+// itself (disabled, pending, exhausted, or cooling with no end).
+func FreeAt(status Status, cooldownUntil string, limit, live int, first, now int64) int64 {
 	full := int64(0)
-	if l.live >= k.limit {
-		full = l.first
+	if live >= limit {
+		full = first
 	}
-	if Usable(k.status, k.cooldown, now) {
+	if Usable(status, cooldownUntil, now) {
 		return max(now, full)
 	}
-	if k.status != StatusRateLimited && k.status != StatusCooldown {
+	if status != StatusRateLimited && status != StatusCooldown {
 		return 0
 	}
-	cd, ok := parseMillis(k.cooldown)
+	cd, ok := parseMillis(cooldownUntil)
 	if !ok {
 		return 0
 	}

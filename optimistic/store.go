@@ -89,11 +89,16 @@ type Lease struct {
 
 // Stats counts the work one Allocate did.
 type Stats struct {
-	// Attempts is the number of read-decide rounds, over all candidates.
+	// Attempts is the number of read-decide rounds over all candidates
+	// (for SQLite: transactions, each covering every candidate).
 	Attempts int
 	// Conflicts is the number of rounds whose commit was aborted because
-	// another allocator changed the candidate first.
+	// another allocator changed the candidate first (for SQLite: rounds
+	// retried because the file was busy).
 	Conflicts int
+	// Pruned counts expired leases this call removed: leases whose holders
+	// never released them.
+	Pruned int
 }
 
 // Key is a credential's allocation state, as the catalog knows it.

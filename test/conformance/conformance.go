@@ -183,7 +183,12 @@ func expiryReclaims(t *testing.T, b Backend) {
 	old := mustAllocate(t, b, shortTTL, "k")
 	requireNoCapacity(t, b, "k")
 	waitPast(old.Until)
-	fresh := mustAllocate(t, b, longTTL, "k")
+	fresh, st, err := b.Store.Allocate(context.Background(), optimistic.AllocateRequest{
+		Provider: provider, Pool: pool, Candidates: []string{"k"}, TTL: longTTL,
+	})
+	require.NoError(t, err)
+	require.Equal(t, 1, st.Pruned, "the grant reports the expired lease it pruned")
+	require.Positive(t, st.Attempts)
 	require.NotEqual(t, old.LeaseID, fresh.LeaseID)
 	require.Empty(t, b.Find(t, old.LeaseID), "the expired lease is pruned with its record")
 	require.NotEmpty(t, b.Find(t, fresh.LeaseID))

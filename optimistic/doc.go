@@ -1,0 +1,33 @@
+// Package optimistic leases rate-limited upstream credentials without ever
+// exceeding a key's max_concurrent_uses, however many allocator processes
+// race for it.
+//
+// A caller asks for a slot on the first of a ranked list of key ids and gets
+// a Lease (key id, unguessable lease id, expiry, fencing token). It releases
+// the lease when done or renews it as a heartbeat; a crashed caller's lease
+// expires and its slot comes back by itself.
+//
+// Store implements the LeaseStore contract on Redis with optimistic
+// transactions, no Lua. One attempt on one candidate is two round trips
+// when uncontended:
+//
+//  1. WATCH the key HASH and lease ZSET, TIME, HMGET the key, ZRANGE the
+//     leases (pipelined). Decide in Go: not a member, not usable or full
+//     means UNWATCH and the next candidate.
+//  2. MULTI: prune the expired leases and their records, ZADD the lease,
+//     write its record, mark the key available; EXEC.
+//
+// An aborted EXEC is a conflict: the same candidate is read again after a
+// jittered exponential backoff, bounded by Options.MaxConflicts and
+// Options.MaxElapsed. Pruning happens only inside MULTI, since a write on
+// our own connection between WATCH and EXEC would abort our own EXEC. Time
+// is Redis TIME in milliseconds, so allocators with skewed clocks agree.
+//
+// Every key of one credential shares a hash tag (see Schema), so each
+// transaction stays in one slot and the store works on Redis Cluster.
+//
+// Outcomes are kept apart with sentinel errors: ErrNoCapacity (a normal
+// "try later", as a *CapacityError carrying when a slot may free up),
+// ErrContended, ErrStore, ErrLeaseLost and ErrLeaseMismatch, ErrInvalid, and
+// the context's own error when ctx ends first.
+package optimistic
