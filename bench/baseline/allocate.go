@@ -1,0 +1,63 @@
+package baseline
+
+import (
+	"context"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/credpool/credpool/optimistic"
+)
+
+// Allocate leases a slot on the first candidate, in the given order, that is
+// a member of req.Provider/req.Pool, is usable, and has fewer live leases
+// than its limit. It runs allocate.lua once per candidate and stops at the
+// first grant: Stats.Attempts counts the runs, and Stats.Conflicts stays 0
+// since nothing can interleave with a script. It returns a
+// *optimistic.CapacityError (ErrNoCapacity) when no candidate has room and
+// an ErrStore on Redis failure.
+//
+// On error no lease is held, unless a granting run's reply was lost and
+// go-redis did not resend it; that lease expires by itself after TTL.
+func (s *Store) Allocate(ctx context.Context, req optimistic.AllocateRequest) (optimistic.Lease, optimistic.Stats, error) {
+	var st optimistic.Stats
+	if err := req.Validate(); err != nil {
+		return optimistic.Lease{}, st, err
+	}
+	// One lease id per call: a resent run recognises its own grant by it.
+	leaseID := uuid.NewString()
+	var free int64
+	for _, keyID := range req.Candidates {
+		st.Attempts++
+		res, err := s.claim(ctx, req, keyID, leaseID)
+		if err != nil {
+			return optimistic.Lease{}, st, optimistic.Classify(ctx, "allocate", err)
+		}
+		if res[0] == 1 {
+			st.Pruned = int(res[3])
+			return optimistic.Lease{
+				LeaseRef: optimistic.LeaseRef{Provider: req.Provider, Pool: req.Pool, KeyID: keyID, LeaseID: leaseID},
+				Until:    time.UnixMilli(res[1]),
+				Fence:    res[2],
+			}, st, nil
+		}
+		if at := res[1]; at != 0 && (free == 0 || at < free) {
+			free = at
+		}
+	}
+	ce := &optimistic.CapacityError{}
+	if free != 0 {
+		ce.FreeAt = time.UnixMilli(free)
+	}
+	return optimistic.Lease{}, st, ce
+}
+
+// claim runs allocate.lua on one candidate: {1, lease_until, fence, pruned}
+// on a grant, else {0, free_at}.
+func (s *Store) claim(ctx context.Context, req optimistic.AllocateRequest, keyID, leaseID string) ([]int64, error) {
+	keys := []string{s.keys.Key(keyID), s.keys.Leases(keyID), s.keys.Lease(keyID, leaseID)}
+	return allocateScript.Run(ctx, s.rdb, keys,
+		keyID, req.Provider, req.Pool, leaseID, req.TTL.Milliseconds(),
+		s.opts.RecordGrace.Milliseconds(), s.keys.Lease(keyID, ""),
+	).Int64Slice()
+}

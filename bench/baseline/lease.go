@@ -1,0 +1,72 @@
+package baseline
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/credpool/credpool/optimistic"
+)
+
+// Release deletes the lease if key id, provider, pool and lease id all
+// match and it has not expired, in one run of release.lua. Otherwise it
+// returns ErrLeaseLost (unknown, released or expired; a wrong key id also
+// looks unknown, since the record lives under the key) or ErrLeaseMismatch
+// (wrong provider or pool), and writes nothing. Releasing twice is harmless:
+// the second call is ErrLeaseLost. It never touches another lease.
+func (s *Store) Release(ctx context.Context, ref optimistic.LeaseRef) error {
+	if err := ref.Validate(); err != nil {
+		return err
+	}
+	why, err := releaseScript.Run(ctx, s.rdb, s.leaseKeys(ref), ref.KeyID, ref.Provider, ref.Pool, ref.LeaseID).Text()
+	if err != nil {
+		return optimistic.Classify(ctx, "release", err)
+	}
+	if why == "released" {
+		return nil
+	}
+	return notHeld("release", ref.LeaseID, why)
+}
+
+// Renew moves a live lease's expiry to now+ttl (Redis clock) and returns it,
+// in one run of renew.lua. A lease that expired, was released or pruned, or
+// does not match is lost (ErrLeaseLost, ErrLeaseMismatch) and is never
+// recreated. On error nothing is written.
+func (s *Store) Renew(ctx context.Context, ref optimistic.LeaseRef, ttl time.Duration) (time.Time, error) {
+	if err := ref.Validate(); err != nil {
+		return time.Time{}, err
+	}
+	if err := optimistic.CheckTTL(ttl); err != nil {
+		return time.Time{}, err
+	}
+	res, err := renewScript.Run(ctx, s.rdb, s.leaseKeys(ref),
+		ref.KeyID, ref.Provider, ref.Pool, ref.LeaseID, ttl.Milliseconds(), s.opts.RecordGrace.Milliseconds(),
+	).Result()
+	if err != nil {
+		return time.Time{}, optimistic.Classify(ctx, "renew", err)
+	}
+	if until, ok := res.(int64); ok {
+		return time.UnixMilli(until), nil
+	}
+	why, _ := res.(string)
+	return time.Time{}, notHeld("renew", ref.LeaseID, why)
+}
+
+// leaseKeys are KEYS of release.lua and renew.lua.
+func (s *Store) leaseKeys(ref optimistic.LeaseRef) []string {
+	return []string{s.keys.Leases(ref.KeyID), s.keys.Lease(ref.KeyID, ref.LeaseID)}
+}
+
+// notHeld turns a script's reason for refusing a lease into the contract's
+// error, worded as the optimistic store words it.
+func notHeld(op, leaseID, why string) error {
+	switch why {
+	case "unknown":
+		return fmt.Errorf("%w: lease %s is unknown, released or expired", optimistic.ErrLeaseLost, leaseID)
+	case "mismatch":
+		return fmt.Errorf("%w: lease %s", optimistic.ErrLeaseMismatch, leaseID)
+	case "expired":
+		return fmt.Errorf("%w: lease %s expired", optimistic.ErrLeaseLost, leaseID)
+	}
+	return optimistic.StoreError(op, fmt.Errorf("unexpected script reply %q", why))
+}

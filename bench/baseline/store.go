@@ -1,0 +1,81 @@
+package baseline
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/credpool/credpool/optimistic"
+)
+
+var _ optimistic.LeaseStore = (*Store)(nil)
+
+// Options configure a Store. A nil *Options means all defaults.
+type Options struct {
+	// Prefix starts every Redis key name; it must not contain braces. Stores
+	// with the same prefix share keys, whichever their kind.
+	//
+	// default: "credpool"
+	Prefix string
+
+	// RecordGrace is how long a lease record outlives its lease before Redis
+	// expires it by itself (it is normally deleted earlier, by release or
+	// prune).
+	//
+	// default: 1m
+	RecordGrace time.Duration
+}
+
+func (o *Options) withDefaults() Options {
+	var out Options
+	if o != nil {
+		out = *o
+	}
+	if out.Prefix == "" {
+		out.Prefix = "credpool"
+	}
+	if out.RecordGrace <= 0 {
+		out.RecordGrace = time.Minute
+	}
+	return out
+}
+
+// Store is the lease store on Redis Lua scripts. It is safe for concurrent
+// use; a call holds a pooled connection only for one command at a time.
+type Store struct {
+	rdb  redis.UniversalClient
+	opts Options
+	keys optimistic.Schema
+	// direct runs SyncKey and Inspect, which need no script.
+	direct *optimistic.Store
+}
+
+// New returns a Store over rdb: a standalone, Sentinel (failover) or Cluster
+// client.
+func New(rdb redis.UniversalClient, opts *Options) (*Store, error) {
+	if rdb == nil {
+		return nil, errors.New("baseline: nil redis client")
+	}
+	o := opts.withDefaults()
+	// optimistic.New validates the prefix, so both stores accept the same ones.
+	direct, err := optimistic.New(rdb, &optimistic.Options{Prefix: o.Prefix})
+	if err != nil {
+		return nil, err
+	}
+	return &Store{rdb: rdb, opts: o, keys: optimistic.Schema{Prefix: o.Prefix}, direct: direct}, nil
+}
+
+// SyncKey upserts a key's allocation state and pool membership with the
+// optimistic store's commands; see optimistic.Store.SyncKey for what a
+// failure leaves behind.
+func (s *Store) SyncKey(ctx context.Context, k optimistic.Key) error {
+	return s.direct.SyncKey(ctx, k)
+}
+
+// Inspect reads the live state of each key in one pipelined round trip, as
+// optimistic.Store.Inspect does.
+func (s *Store) Inspect(ctx context.Context, keyIDs ...string) ([]optimistic.KeyInfo, error) {
+	return s.direct.Inspect(ctx, keyIDs...)
+}
