@@ -1,0 +1,94 @@
+package sqlitestore
+
+import (
+	"context"
+	"database/sql"
+
+	"github.com/google/uuid"
+
+	"github.com/credpool/credpool/optimistic"
+)
+
+// Allocate leases a slot on the first candidate, in the given order, that is
+// a member of req.Provider/req.Pool, is usable, and has fewer live leases
+// than its limit. It returns a *CapacityError (ErrNoCapacity) when none has,
+// ErrContended when the file stayed busy past the retry budget, and an
+// ErrStore when SQLite fails.
+//
+// One IMMEDIATE transaction walks the candidates: it prunes each one's
+// expired leases, then claims the first with room by writing the lease,
+// marking the key available with no cooldown, stamping last_used_at and
+// bumping its fencing counter. On error nothing is written. Stats.Attempts
+// counts transactions tried, Stats.Conflicts those retried because the file
+// was busy.
+func (s *Store) Allocate(ctx context.Context, req optimistic.AllocateRequest) (optimistic.Lease, optimistic.Stats, error) {
+	if err := req.Validate(); err != nil {
+		return optimistic.Lease{}, optimistic.Stats{}, err
+	}
+	leaseID := uuid.NewString()
+	var c claimed
+	st, err := s.do(ctx, false, func(tx *sql.Tx, now int64) (err error) {
+		c, err = claim(ctx, tx, req, leaseID, now)
+		return err
+	})
+	st.Pruned = c.pruned
+	switch {
+	case err != nil:
+		return optimistic.Lease{}, st, classify(ctx, "allocate", err)
+	case c.lease.KeyID == "":
+		return optimistic.Lease{}, st, &optimistic.CapacityError{FreeAt: fromMillis(c.free)}
+	}
+	return c.lease, st, nil
+}
+
+// claimed is what Allocate's transaction found: a lease, or none and the
+// earliest free-up (ms) among the skipped members; and how many expired
+// leases it pruned.
+type claimed struct {
+	lease  optimistic.Lease
+	free   int64
+	pruned int
+}
+
+// claim is the body of Allocate's transaction.
+func claim(ctx context.Context, tx *sql.Tx, req optimistic.AllocateRequest, leaseID string, now int64) (claimed, error) {
+	var c claimed
+	for _, id := range req.Candidates {
+		res, err := tx.ExecContext(ctx, `DELETE FROM lease_leases WHERE key_id = ? AND until <= ?`, id, now)
+		if err != nil {
+			return claimed{}, err
+		}
+		if n, err := res.RowsAffected(); err == nil {
+			c.pruned += int(n)
+		}
+		k, err := readKey(ctx, tx, id, now)
+		if err != nil {
+			return claimed{}, err
+		}
+		if !k.member(req.Provider, req.Pool) {
+			continue
+		}
+		if !k.canGrant(now) {
+			c.free = earliest(c.free, k.freeAt(now))
+			continue
+		}
+		until, fence := now+req.TTL.Milliseconds(), k.fence+1
+		if _, err := tx.ExecContext(ctx,
+			`INSERT INTO lease_leases (id, key_id, provider, pool, until) VALUES (?, ?, ?, ?, ?)`,
+			leaseID, id, req.Provider, req.Pool, until); err != nil {
+			return claimed{}, err
+		}
+		if _, err := tx.ExecContext(ctx,
+			`UPDATE lease_keys SET status = ?, cooldown_until = NULL, last_used_at = ?, fence = ? WHERE id = ?`,
+			string(optimistic.StatusAvailable), now, fence, id); err != nil {
+			return claimed{}, err
+		}
+		c.lease = optimistic.Lease{
+			LeaseRef: optimistic.LeaseRef{Provider: req.Provider, Pool: req.Pool, KeyID: id, LeaseID: leaseID},
+			Until:    fromMillis(until),
+			Fence:    fence,
+		}
+		return c, nil
+	}
+	return c, nil
+}

@@ -1,0 +1,79 @@
+package sqlitestore
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/credpool/credpool/optimistic"
+)
+
+// Release deletes the lease if key id, provider, pool and lease id all
+// match and it has not expired. Otherwise it returns ErrLeaseLost (unknown,
+// released, expired, or recorded under another key id) or ErrLeaseMismatch
+// (wrong provider or pool), and writes nothing. Releasing twice is harmless:
+// the second call is ErrLeaseLost. It never touches another lease.
+func (s *Store) Release(ctx context.Context, ref optimistic.LeaseRef) error {
+	if err := ref.Validate(); err != nil {
+		return err
+	}
+	_, err := s.do(ctx, false, func(tx *sql.Tx, now int64) error {
+		if err := holds(ctx, tx, ref, now); err != nil {
+			return err
+		}
+		_, err := tx.ExecContext(ctx, `DELETE FROM lease_leases WHERE id = ?`, ref.LeaseID)
+		return err
+	})
+	return classify(ctx, "release", err)
+}
+
+// Renew moves a live lease's expiry to now+ttl (store clock) and returns it.
+// A lease that expired, was released or pruned, or does not match is lost
+// (ErrLeaseLost, ErrLeaseMismatch) and is never recreated. On error nothing
+// is written.
+func (s *Store) Renew(ctx context.Context, ref optimistic.LeaseRef, ttl time.Duration) (time.Time, error) {
+	if err := ref.Validate(); err != nil {
+		return time.Time{}, err
+	}
+	if err := optimistic.CheckTTL(ttl); err != nil {
+		return time.Time{}, err
+	}
+	var until int64
+	_, err := s.do(ctx, false, func(tx *sql.Tx, now int64) error {
+		if err := holds(ctx, tx, ref, now); err != nil {
+			return err
+		}
+		until = now + ttl.Milliseconds()
+		_, err := tx.ExecContext(ctx, `UPDATE lease_leases SET until = ? WHERE id = ?`, until, ref.LeaseID)
+		return err
+	})
+	if err != nil {
+		return time.Time{}, classify(ctx, "renew", err)
+	}
+	return fromMillis(until), nil
+}
+
+// holds says whether ref holds a live lease at now. Like the Redis store it
+// looks the lease up under ref's key only, so a wrong key id is "unknown",
+// not a mismatch.
+func holds(ctx context.Context, tx *sql.Tx, ref optimistic.LeaseRef, now int64) error {
+	var (
+		provider, pool string
+		until          int64
+	)
+	err := tx.QueryRowContext(ctx, `SELECT provider, pool, until FROM lease_leases WHERE id = ? AND key_id = ?`,
+		ref.LeaseID, ref.KeyID).Scan(&provider, &pool, &until)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return fmt.Errorf("%w: lease %s is unknown, released or expired", optimistic.ErrLeaseLost, ref.LeaseID)
+	case err != nil:
+		return err
+	case provider != ref.Provider || pool != ref.Pool:
+		return fmt.Errorf("%w: lease %s", optimistic.ErrLeaseMismatch, ref.LeaseID)
+	case until <= now:
+		return fmt.Errorf("%w: lease %s expired", optimistic.ErrLeaseLost, ref.LeaseID)
+	}
+	return nil
+}

@@ -1,0 +1,71 @@
+package sqlitestore
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+)
+
+// migrations[i] brings the schema from version i to i+1. Append new ones;
+// never edit a released one. Tables are prefixed lease_ because the file is
+// shared with the key catalog.
+var migrations = []string{
+	// lease_keys is a key's allocation state. cooldown_until and
+	// max_concurrent_uses are read back as text through optimistic.Usable and
+	// optimistic.ParseLimit, so a malformed value left by a buggy sync counts
+	// exactly as it does in Redis. fence is the last fencing token handed out;
+	// it lives and dies with the row.
+	//
+	// lease_leases holds one row per lease; until is its expiry in ms. A row
+	// whose until has passed is expired, whether or not it is pruned yet.
+	`
+CREATE TABLE IF NOT EXISTS lease_keys (
+	id                  TEXT PRIMARY KEY,
+	provider            TEXT NOT NULL,
+	pool                TEXT NOT NULL,
+	status              TEXT NOT NULL,
+	cooldown_until      INTEGER,
+	max_concurrent_uses INTEGER,
+	last_used_at        INTEGER,
+	score               REAL NOT NULL DEFAULT 0,
+	fence               INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS lease_leases (
+	id       TEXT PRIMARY KEY,
+	key_id   TEXT NOT NULL REFERENCES lease_keys (id),
+	provider TEXT NOT NULL,
+	pool     TEXT NOT NULL,
+	until    INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS lease_leases_key_until ON lease_leases (key_id, until);
+`,
+}
+
+// migrate brings the lease tables to the latest version in one transaction,
+// recording each step in lease_schema. On a current schema every statement
+// is a no-op, so it succeeds on a read-only file too. On failure nothing is
+// changed.
+func (s *Store) migrate(ctx context.Context) error {
+	_, err := s.do(ctx, false, func(tx *sql.Tx, _ int64) error {
+		if _, err := tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS lease_schema (version INTEGER NOT NULL)`); err != nil {
+			return err
+		}
+		var v int
+		if err := tx.QueryRowContext(ctx, `SELECT coalesce(max(version), 0) FROM lease_schema`).Scan(&v); err != nil {
+			return err
+		}
+		if v > len(migrations) {
+			return fmt.Errorf("sqlitestore: schema version %d is newer than this build's %d", v, len(migrations))
+		}
+		for ; v < len(migrations); v++ {
+			if _, err := tx.ExecContext(ctx, migrations[v]); err != nil {
+				return fmt.Errorf("sqlitestore: migrate to version %d: %w", v+1, err)
+			}
+			if _, err := tx.ExecContext(ctx, `INSERT INTO lease_schema (version) VALUES (?)`, v+1); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	return err
+}
