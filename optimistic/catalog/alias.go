@@ -1,0 +1,45 @@
+package catalog
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+
+	"github.com/credpool/credpool/optimistic"
+)
+
+// SetAlias makes alias name model for provider's keys, replacing any
+// earlier target. Resolution is one step: model is not itself resolved.
+func (s *SQL) SetAlias(ctx context.Context, provider, alias, model string) error {
+	if !optimistic.ValidID(provider) {
+		return invalidf("provider %q: want 1-128 characters of [A-Za-z0-9._-], starting with a letter or digit", provider)
+	}
+	if err := checkModel("alias", alias); err != nil {
+		return err
+	}
+	if err := checkModel("model", model); err != nil {
+		return err
+	}
+	_, err := s.exec(ctx, `INSERT INTO catalog_model_aliases (provider, alias, model) VALUES (?, ?, ?)
+	ON CONFLICT (provider, alias) DO UPDATE SET model = excluded.model`, provider, alias, model)
+	if err != nil {
+		return fail(ctx, fmt.Sprintf("set alias %q of %s", alias, provider), err)
+	}
+	return nil
+}
+
+// ResolveModel returns the canonical model that model names for provider:
+// its alias target, or model itself when it is no alias.
+func (s *SQL) ResolveModel(ctx context.Context, provider, model string) (string, error) {
+	var canonical string
+	err := s.db.QueryRowContext(ctx, `SELECT model FROM catalog_model_aliases WHERE provider = ? AND alias = ?`,
+		provider, model).Scan(&canonical)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return model, nil
+	case err != nil:
+		return "", fail(ctx, fmt.Sprintf("resolve model %q of %q", model, provider), err)
+	}
+	return canonical, nil
+}

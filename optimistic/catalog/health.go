@@ -1,0 +1,106 @@
+package catalog
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"time"
+
+	"github.com/credpool/credpool/optimistic"
+)
+
+// DefaultRetryAfter is the cooldown Report applies to a rate_limited
+// outcome that came without a usable retry-after.
+const DefaultRetryAfter = 60 * time.Second
+
+// MarkUsed records that the key was handed out at at, or returns
+// ErrNotFound. LastUsedAt only moves later, so brokers with slightly skewed
+// clocks never move it back. UpdatedAt is left alone: a use is not a change
+// to the key.
+func (s *SQL) MarkUsed(ctx context.Context, id string, at time.Time) error {
+	if at.IsZero() {
+		return invalidf("used-at time of key %q: want non-zero", id)
+	}
+	ms := at.UnixMilli()
+	res, err := s.exec(ctx, `UPDATE catalog_keys
+	SET last_used_at = CASE WHEN last_used_at IS NULL OR last_used_at < ? THEN ? ELSE last_used_at END
+	WHERE id = ?`, ms, ms, id)
+	if err := found(res, err, id); err != nil {
+		return fail(ctx, fmt.Sprintf("mark key %q used", id), err)
+	}
+	return nil
+}
+
+// RecoverCooldown makes the key available again if it is rate_limited or
+// cooldown and its cooldown_until is set and not after now, and reports
+// whether it did. It is one conditional UPDATE, so concurrent brokers
+// recover a key once and never undo a newer rate limit. A missing key
+// reports false.
+func (s *SQL) RecoverCooldown(ctx context.Context, id string, now time.Time) (bool, error) {
+	ms := now.UnixMilli()
+	res, err := s.exec(ctx, `UPDATE catalog_keys SET status = ?, cooldown_until = NULL, updated_at = ?
+	WHERE id = ? AND status IN (?, ?) AND cooldown_until IS NOT NULL AND cooldown_until <= ?`,
+		string(optimistic.StatusAvailable), ms, id,
+		string(optimistic.StatusRateLimited), string(optimistic.StatusCooldown), ms)
+	if err != nil {
+		return false, fail(ctx, fmt.Sprintf("recover key %q", id), err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return false, fail(ctx, fmt.Sprintf("recover key %q", id), err)
+	}
+	return n > 0, nil
+}
+
+// Report applies one outcome of a use of the key at now and returns the
+// key as updated:
+//
+//   - success: successes+1.
+//   - error: errors+1.
+//   - rate_limited: rate_limit_hits+1; cooldown_until becomes
+//     now+retryAfter (DefaultRetryAfter if retryAfter <= 0) unless it is
+//     already later, so reports arriving out of order only move it later;
+//     status becomes rate_limited if it was available, rate_limited or
+//     cooldown. A disabled, exhausted or pending key keeps its status: a
+//     late report from an old lease must not revive it.
+//   - auth_error: errors+1, status disabled.
+//
+// The update and the read back are one transaction. A missing key is
+// ErrNotFound, an unknown outcome optimistic.ErrInvalid.
+func (s *SQL) Report(ctx context.Context, id string, o Outcome, retryAfter time.Duration, now time.Time) (Key, error) {
+	ms := now.UnixMilli()
+	var set string
+	var args []any
+	switch o {
+	case OutcomeSuccess:
+		set = `successes = successes + 1`
+	case OutcomeError:
+		set = `errors = errors + 1`
+	case OutcomeAuthError:
+		set, args = `errors = errors + 1, status = ?`, []any{string(optimistic.StatusDisabled)}
+	case OutcomeRateLimited:
+		if retryAfter <= 0 {
+			retryAfter = DefaultRetryAfter
+		}
+		until := now.Add(retryAfter).UnixMilli()
+		set = `rate_limit_hits = rate_limit_hits + 1,
+			status = CASE WHEN status IN (?, ?, ?) THEN ? ELSE status END,
+			cooldown_until = CASE WHEN cooldown_until IS NULL OR cooldown_until < ? THEN ? ELSE cooldown_until END`
+		args = []any{
+			string(optimistic.StatusAvailable), string(optimistic.StatusRateLimited), string(optimistic.StatusCooldown),
+			string(optimistic.StatusRateLimited), until, until,
+		}
+	default:
+		return Key{}, invalidf("outcome %q: want success, error, rate_limited or auth_error", o)
+	}
+	var k Key
+	err := s.inTx(ctx, fmt.Sprintf("report %s on key %q", o, id), func(tx *sql.Tx) error {
+		res, err := tx.ExecContext(ctx, `UPDATE catalog_keys SET `+set+`, updated_at = ? WHERE id = ?`, append(args, ms, id)...)
+		if err := found(res, err, id); err != nil {
+			return err
+		}
+		k, err = getKey(ctx, tx, id)
+		return err
+	})
+	return k, err
+}

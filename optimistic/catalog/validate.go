@@ -1,0 +1,64 @@
+package catalog
+
+import (
+	"fmt"
+	"unicode"
+
+	"github.com/credpool/credpool/optimistic"
+)
+
+// maxModelLen bounds model ids and aliases. They are looser than key ids
+// (providers use "/", ":" and "@"), but never blank or padded.
+const maxModelLen = 256
+
+// validate returns an optimistic.ErrInvalid naming the first bad field of k.
+// It never quotes the secret.
+func validate(k Key) error {
+	if err := k.LeaseState().Validate(); err != nil {
+		return err
+	}
+	if len(k.Models) == 0 {
+		return invalidf("models of key %s: want at least one", k.ID)
+	}
+	for _, m := range k.Models {
+		if err := checkModel("model", m); err != nil {
+			return fmt.Errorf("%w (key %s)", err, k.ID)
+		}
+	}
+	if k.Secret == "" {
+		return invalidf("secret of key %s: want non-empty", k.ID)
+	}
+	if k.MaxConcurrentUses < 1 {
+		return invalidf("max_concurrent_uses %d of key %s: want at least 1", k.MaxConcurrentUses, k.ID)
+	}
+	for _, c := range []struct {
+		name string
+		n    int64
+	}{{"successes", k.Successes}, {"errors", k.Errors}, {"rate_limit_hits", k.RateLimitHits}} {
+		if c.n < 0 {
+			return invalidf("%s %d of key %s: want at least 0", c.name, c.n, k.ID)
+		}
+	}
+	return nil
+}
+
+// checkModel returns an optimistic.ErrInvalid unless s is 1..maxModelLen
+// bytes without spaces or control characters.
+func checkModel(field, s string) error {
+	ok := s != "" && len(s) <= maxModelLen
+	for _, r := range s {
+		if unicode.IsSpace(r) || unicode.IsControl(r) || r == unicode.ReplacementChar {
+			ok = false
+		}
+	}
+	if !ok {
+		return invalidf("%s %q: want 1-%d characters, no spaces or control characters", field, s, maxModelLen)
+	}
+	return nil
+}
+
+// invalidf returns an optimistic.ErrInvalid: the catalog and the lease
+// stores share it, so a handler maps bad input to 400 in one place.
+func invalidf(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", optimistic.ErrInvalid, fmt.Sprintf(format, args...))
+}
