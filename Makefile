@@ -1,7 +1,7 @@
 # credpool: `make test` is what CI runs (through .ci/run).
 GO ?= go
 
-.PHONY: test vet lint fmt redis-server
+.PHONY: test vet lint fmt run build redis-server
 
 ## test: vet, then every test under the race detector against a real redis-server
 test: redis-server vet
@@ -17,6 +17,15 @@ lint: vet
 
 fmt:
 	gofmt -w $$(git ls-files '*.go')
+
+build:
+	$(GO) build -o credpool ./cmd/credpool
+
+## run: serve the API on 127.0.0.1:8080 with a demo pool; leases in SQLite
+## unless CREDPOOL_REDIS_URL is set. Keys are generated and printed.
+RUN_DB ?= credpool-demo.db
+run:
+	$(GO) run ./cmd/credpool serve --dev --demo --db $(RUN_DB)
 
 ## redis-server: the tests start their own servers; install the binary if missing
 redis-server:

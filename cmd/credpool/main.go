@@ -1,0 +1,41 @@
+// Command credpool leases rate-limited upstream credentials.
+//
+//	credpool serve [flags]   run the HTTP service
+//
+// Run "credpool serve -h" for the flags; each has an environment fallback.
+package main
+
+import (
+	"fmt"
+	"os"
+)
+
+const usage = `usage: credpool <command> [flags]
+
+commands:
+  serve   run the allocation service (HTTP)
+
+Run "credpool <command> -h" for its flags.
+`
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprint(os.Stderr, usage)
+		os.Exit(2)
+	}
+	var err error
+	switch os.Args[1] {
+	case "serve":
+		err = serve(os.Args[2:])
+	case "-h", "-help", "--help", "help":
+		fmt.Print(usage)
+		return
+	default:
+		fmt.Fprintf(os.Stderr, "credpool: unknown command %q\n\n%s", os.Args[1], usage)
+		os.Exit(2)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "credpool:", err)
+		os.Exit(1)
+	}
+}

@@ -1,0 +1,283 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/credpool/credpool/handlers"
+	"github.com/credpool/credpool/optimistic"
+	"github.com/credpool/credpool/optimistic/broker"
+	"github.com/credpool/credpool/optimistic/catalog"
+	"github.com/credpool/credpool/optimistic/sqlitestore"
+)
+
+type serveConfig struct {
+	listen       string
+	redisURL     string
+	redisCluster bool
+	db           string
+	internalKey  string
+	adminKey     string
+	weights      string
+	fallback     string
+	dev          bool
+	demo         bool
+}
+
+// envOr returns the environment variable name, or def when it is unset.
+func envOr(name, def string) string {
+	if v, ok := os.LookupEnv(name); ok {
+		return v
+	}
+	return def
+}
+
+func parseServe(args []string) (serveConfig, error) {
+	var c serveConfig
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs.StringVar(&c.listen, "listen", envOr("CREDPOOL_LISTEN", "127.0.0.1:8080"), "address to listen on (env CREDPOOL_LISTEN)")
+	fs.StringVar(&c.redisURL, "redis", envOr("CREDPOOL_REDIS_URL", ""), "Redis URL, e.g. redis://127.0.0.1:6379/0; empty: leases live in the SQLite file (env CREDPOOL_REDIS_URL)")
+	fs.BoolVar(&c.redisCluster, "redis-cluster", envOr("CREDPOOL_REDIS_CLUSTER", "") == "true", "treat --redis as a cluster URL (redis://host:port?addr=host2:port2) (env CREDPOOL_REDIS_CLUSTER=true)")
+	fs.StringVar(&c.db, "db", envOr("CREDPOOL_DB", "credpool.db"), "SQLite file of the key catalog (env CREDPOOL_DB)")
+	fs.StringVar(&c.internalKey, "internal-key", envOr("CREDPOOL_INTERNAL_KEY", ""), "secret callers send as X-Internal-Key (env CREDPOOL_INTERNAL_KEY)")
+	fs.StringVar(&c.adminKey, "admin-key", envOr("CREDPOOL_ADMIN_KEY", ""), "secret admins send as X-Admin-Key (env CREDPOOL_ADMIN_KEY)")
+	fs.StringVar(&c.weights, "weights", envOr("CREDPOOL_WEIGHTS", ""), "ranking weights to override, e.g. capacity=1,idle=0.3,jitter=0.01 (env CREDPOOL_WEIGHTS)")
+	fs.StringVar(&c.fallback, "pool-fallback", envOr("CREDPOOL_POOL_FALLBACK", "vip=default"), "one-way pool borrowing, e.g. vip=default;gold=silver+default (env CREDPOOL_POOL_FALLBACK)")
+	fs.BoolVar(&c.dev, "dev", false, "development mode: generate missing internal/admin keys and print them once")
+	fs.BoolVar(&c.demo, "demo", false, "seed a small demo pool into an empty catalog (fake secrets)")
+	if err := fs.Parse(args); err != nil {
+		return c, err
+	}
+	if fs.NArg() > 0 {
+		return c, fmt.Errorf("serve: unexpected argument %q", fs.Arg(0))
+	}
+	return c, nil
+}
+
+func serve(args []string) error {
+	cfg, err := parseServe(args)
+	if errors.Is(err, flag.ErrHelp) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
+	if err := ensureKeys(&cfg); err != nil {
+		return err
+	}
+	weights, err := parseWeights(cfg.weights)
+	if err != nil {
+		return err
+	}
+	pools, err := parsePoolOrder(cfg.fallback)
+	if err != nil {
+		return err
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+
+	db, err := sqlitestore.Open(cfg.db)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	cat, err := catalog.New(ctx, db)
+	if err != nil {
+		return err
+	}
+	store, storeName, closeStore, err := openStore(ctx, cfg, db)
+	if err != nil {
+		return err
+	}
+	defer closeStore()
+	admin := broker.NewAdmin(cat, store)
+	if cfg.demo {
+		if err := seedDemo(ctx, cat, admin); err != nil {
+			return err
+		}
+	}
+	n, err := admin.Sync(ctx)
+	if err != nil {
+		return fmt.Errorf("sync catalog into the %s lease store: %w", storeName, err)
+	}
+	log.Info("catalog synced into the lease store", "keys", n)
+
+	h, err := handlers.New(handlers.Config{
+		Service:     broker.New(cat, store, &broker.Options{Weights: &weights, Pools: pools, Logger: log}),
+		Admin:       admin,
+		InternalKey: cfg.internalKey,
+		AdminKey:    cfg.adminKey,
+		Store:       storeName,
+		Metrics:     handlers.NewMetrics(),
+		Logger:      log,
+	})
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", cfg.listen)
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	log.Info("credpool serving", "addr", ln.Addr().String(), "lease_store", storeName, "catalog", cfg.db)
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	log.Info("shutting down: draining requests")
+	shutdown, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	return srv.Shutdown(shutdown)
+}
+
+// openStore picks the lease store: WATCH/MULTI on Redis when a URL is
+// given, else SQLite in the catalog's file.
+func openStore(ctx context.Context, cfg serveConfig, db *sql.DB) (optimistic.LeaseStore, string, func(), error) {
+	if cfg.redisURL == "" {
+		s, err := sqlitestore.New(db, nil)
+		return s, "sqlite", func() {}, err
+	}
+	var rdb redis.UniversalClient
+	if cfg.redisCluster {
+		opt, err := redis.ParseClusterURL(cfg.redisURL)
+		if err != nil {
+			return nil, "", nil, fmt.Errorf("--redis: %w", err)
+		}
+		rdb = redis.NewClusterClient(opt)
+	} else {
+		opt, err := redis.ParseURL(cfg.redisURL)
+		if err != nil {
+			return nil, "", nil, fmt.Errorf("--redis: %w", err)
+		}
+		rdb = redis.NewClient(opt)
+	}
+	closeFn := func() { _ = rdb.Close() }
+	if err := rdb.Ping(ctx).Err(); err != nil {
+		closeFn()
+		return nil, "", nil, fmt.Errorf("redis at --redis is not reachable: %w", err)
+	}
+	s, err := optimistic.New(rdb, nil)
+	if err != nil {
+		closeFn()
+		return nil, "", nil, err
+	}
+	return s, "redis", closeFn, nil
+}
+
+// ensureKeys refuses to run without both API keys, except in --dev mode,
+// which generates the missing ones and prints them once.
+func ensureKeys(cfg *serveConfig) error {
+	for _, k := range []struct {
+		name string
+		val  *string
+	}{{"internal", &cfg.internalKey}, {"admin", &cfg.adminKey}} {
+		if *k.val != "" {
+			continue
+		}
+		if !cfg.dev {
+			return fmt.Errorf("no %s key: set --%s-key or CREDPOOL_%s_KEY (or use --dev to generate one)", k.name, k.name, strings.ToUpper(k.name))
+		}
+		b := make([]byte, 24)
+		if _, err := rand.Read(b); err != nil {
+			return err
+		}
+		*k.val = hex.EncodeToString(b)
+		fmt.Fprintf(os.Stderr, "dev mode: generated %s key: %s\n", k.name, *k.val)
+	}
+	if cfg.internalKey == cfg.adminKey {
+		return errors.New("the internal and admin keys must differ")
+	}
+	return nil
+}
+
+// parseWeights overrides optimistic.DefaultWeights with name=value pairs.
+func parseWeights(s string) (optimistic.Weights, error) {
+	w := optimistic.DefaultWeights
+	fields := map[string]*float64{
+		"capacity": &w.Capacity, "idle": &w.Idle, "success": &w.Success, "error": &w.Error,
+		"rate_limit": &w.RateLimit, "cooldown": &w.Cooldown, "freshness": &w.Freshness, "jitter": &w.Jitter,
+	}
+	for _, pair := range strings.Split(s, ",") {
+		if pair = strings.TrimSpace(pair); pair == "" {
+			continue
+		}
+		name, val, ok := strings.Cut(pair, "=")
+		f, known := fields[strings.TrimSpace(name)]
+		if !ok || !known {
+			return w, fmt.Errorf("--weights: %q: want name=value with name one of capacity, idle, success, error, rate_limit, cooldown, freshness, jitter", pair)
+		}
+		v, err := strconv.ParseFloat(strings.TrimSpace(val), 64)
+		if err != nil || v < 0 {
+			return w, fmt.Errorf("--weights: %q: want a number >= 0", pair)
+		}
+		*f = v
+	}
+	return w, nil
+}
+
+// parsePoolOrder reads "vip=default;gold=silver+default".
+func parsePoolOrder(s string) (optimistic.PoolOrder, error) {
+	o := optimistic.PoolOrder{}
+	for _, rule := range strings.Split(s, ";") {
+		if rule = strings.TrimSpace(rule); rule == "" {
+			continue
+		}
+		pool, fallbacks, ok := strings.Cut(rule, "=")
+		if !ok || !optimistic.ValidID(pool) {
+			return nil, fmt.Errorf("--pool-fallback: %q: want pool=fallback[+fallback...]", rule)
+		}
+		for _, f := range strings.Split(fallbacks, "+") {
+			if !optimistic.ValidID(f) {
+				return nil, fmt.Errorf("--pool-fallback: %q: bad pool %q", rule, f)
+			}
+			o[pool] = append(o[pool], f)
+		}
+	}
+	return o, nil
+}
+
+// seedDemo fills an empty catalog with a few fake keys so the API can be
+// tried at once.
+func seedDemo(ctx context.Context, cat *catalog.SQL, admin *broker.Admin) error {
+	existing, err := cat.List(ctx, "", "")
+	if err != nil || len(existing) > 0 {
+		return err
+	}
+	if err := cat.SetAlias(ctx, "openai", "gpt-4o", "gpt-4o-2024-08-06"); err != nil {
+		return err
+	}
+	for _, k := range []catalog.Key{
+		{ID: "demo-default-1", Pool: "default", MaxConcurrentUses: 2},
+		{ID: "demo-default-2", Pool: "default", MaxConcurrentUses: 1},
+		{ID: "demo-vip-1", Pool: "vip", MaxConcurrentUses: 1},
+	} {
+		k.Provider, k.Status = "openai", optimistic.StatusAvailable
+		k.Models = []string{"gpt-4o-2024-08-06", "gpt-4o-mini"}
+		k.Secret = catalog.Secret("sk-demo-" + k.ID)
+		if _, err := admin.Put(ctx, k); err != nil {
+			return err
+		}
+	}
+	return nil
+}

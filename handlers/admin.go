@@ -1,0 +1,177 @@
+package handlers
+
+import (
+	"net/http"
+	"time"
+
+	"github.com/gin-gonic/gin"
+
+	"github.com/credpool/credpool/optimistic"
+	"github.com/credpool/credpool/optimistic/broker"
+	"github.com/credpool/credpool/optimistic/catalog"
+)
+
+type adminAPI struct {
+	admin Admin
+}
+
+// putKeyRequest is the body of PUT /api/admin/keys/{id}.
+type putKeyRequest struct {
+	Provider          string            `json:"provider"`
+	Pool              string            `json:"pool"`
+	Models            []string          `json:"models"`
+	Secret            string            `json:"secret"`
+	Status            optimistic.Status `json:"status"`
+	CooldownUntil     *time.Time        `json:"cooldown_until"`
+	MaxConcurrentUses *int              `json:"max_concurrent_uses"`
+	LastVerifiedAt    *time.Time        `json:"last_verified_at"`
+}
+
+// keyView is a key as the admin API shows it. It has no secret field.
+type keyView struct {
+	ID                string            `json:"id"`
+	Provider          string            `json:"provider"`
+	Pool              string            `json:"pool"`
+	Models            []string          `json:"models"`
+	Status            optimistic.Status `json:"status"`
+	CooldownUntil     *time.Time        `json:"cooldown_until,omitempty"`
+	MaxConcurrentUses int               `json:"max_concurrent_uses"`
+	LiveLeases        int               `json:"live_leases"`
+	NextFreeAt        *time.Time        `json:"next_free_at,omitempty"`
+	InStore           bool              `json:"in_store"`
+	LastUsedAt        *time.Time        `json:"last_used_at,omitempty"`
+	LastVerifiedAt    *time.Time        `json:"last_verified_at,omitempty"`
+	Successes         int64             `json:"successes"`
+	Errors            int64             `json:"errors"`
+	RateLimitHits     int64             `json:"rate_limit_hits"`
+	CreatedAt         *time.Time        `json:"created_at,omitempty"`
+	UpdatedAt         *time.Time        `json:"updated_at,omitempty"`
+}
+
+func viewOf(v broker.KeyView) keyView {
+	return keyView{
+		ID: v.ID, Provider: v.Provider, Pool: v.Pool, Models: v.Models, Status: v.Status,
+		CooldownUntil: opt(v.CooldownUntil), MaxConcurrentUses: v.MaxConcurrentUses,
+		LiveLeases: v.Live, NextFreeAt: opt(v.FreeAt), InStore: v.InStore,
+		LastUsedAt: opt(v.LastUsedAt), LastVerifiedAt: opt(v.LastVerifiedAt),
+		Successes: v.Successes, Errors: v.Errors, RateLimitHits: v.RateLimitHits,
+		CreatedAt: opt(v.CreatedAt), UpdatedAt: opt(v.UpdatedAt),
+	}
+}
+
+// opt omits zero times from JSON.
+func opt(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	u := t.UTC()
+	return &u
+}
+
+func (a adminAPI) put(c *gin.Context) {
+	id := c.Param("id")
+	if !validID(c, "id", id) {
+		return
+	}
+	c.Set(logKeyID, id)
+	var req putKeyRequest
+	if !decode(c, &req) {
+		return
+	}
+	if req.Status == "" {
+		req.Status = optimistic.StatusAvailable
+	}
+	if !req.Status.Valid() {
+		invalid(c, "status", "want available, pending, disabled, exhausted, rate_limited or cooldown")
+		return
+	}
+	if req.Secret == "" {
+		invalid(c, "secret", "required")
+		return
+	}
+	k := catalog.Key{
+		ID: id, Provider: req.Provider, Pool: req.Pool, Models: req.Models,
+		Secret: catalog.Secret(req.Secret), Status: req.Status, MaxConcurrentUses: 1,
+	}
+	if req.MaxConcurrentUses != nil {
+		k.MaxConcurrentUses = *req.MaxConcurrentUses
+	}
+	if req.CooldownUntil != nil {
+		k.CooldownUntil = *req.CooldownUntil
+	}
+	if req.LastVerifiedAt != nil {
+		k.LastVerifiedAt = *req.LastVerifiedAt
+	}
+	if _, err := a.admin.Put(c.Request.Context(), k); err != nil {
+		failErr(c, err)
+		return
+	}
+	a.respondKey(c, id)
+}
+
+func (a adminAPI) get(c *gin.Context) {
+	id := c.Param("id")
+	if !validID(c, "id", id) {
+		return
+	}
+	c.Set(logKeyID, id)
+	a.respondKey(c, id)
+}
+
+func (a adminAPI) respondKey(c *gin.Context, id string) {
+	v, err := a.admin.Key(c.Request.Context(), id)
+	if err != nil {
+		failErr(c, err)
+		return
+	}
+	c.JSON(http.StatusOK, viewOf(v))
+}
+
+func (a adminAPI) list(c *gin.Context) {
+	views, err := a.admin.Keys(c.Request.Context())
+	if err != nil {
+		failErr(c, err)
+		return
+	}
+	out := make([]keyView, len(views))
+	for i, v := range views {
+		out[i] = viewOf(v)
+	}
+	c.JSON(http.StatusOK, gin.H{"keys": out})
+}
+
+func (a adminAPI) delete(c *gin.Context) {
+	id := c.Param("id")
+	if !validID(c, "id", id) {
+		return
+	}
+	c.Set(logKeyID, id)
+	if err := a.admin.Delete(c.Request.Context(), id); err != nil {
+		failErr(c, err)
+		return
+	}
+	c.JSON(http.StatusOK, gin.H{"deleted": id})
+}
+
+func (a adminAPI) clearLeases(c *gin.Context) {
+	id := c.Param("id")
+	if !validID(c, "id", id) {
+		return
+	}
+	c.Set(logKeyID, id)
+	n, err := a.admin.ClearLeases(c.Request.Context(), id)
+	if err != nil {
+		failErr(c, err)
+		return
+	}
+	c.JSON(http.StatusOK, gin.H{"cleared": n})
+}
+
+func (a adminAPI) sync(c *gin.Context) {
+	n, err := a.admin.Sync(c.Request.Context())
+	if err != nil {
+		failErr(c, err)
+		return
+	}
+	c.JSON(http.StatusOK, gin.H{"synced": n})
+}

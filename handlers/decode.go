@@ -1,0 +1,54 @@
+package handlers
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+
+	"github.com/gin-gonic/gin"
+)
+
+// maxBody bounds every request body.
+const maxBody = 64 << 10
+
+// decode reads one JSON object into dst, rejecting unknown fields, bodies
+// over maxBody and trailing data. On failure it has written the 400 or 413
+// and returns false.
+func decode(c *gin.Context, dst any) bool {
+	dec := json.NewDecoder(http.MaxBytesReader(c.Writer, c.Request.Body, maxBody))
+	dec.DisallowUnknownFields()
+	err := dec.Decode(dst)
+	if err == nil && dec.Decode(&struct{}{}) != io.EOF {
+		err = errors.New("body must hold one JSON object")
+	}
+	if err == nil {
+		return true
+	}
+	var (
+		tooBig    *http.MaxBytesError
+		syntax    *json.SyntaxError
+		wrongType *json.UnmarshalTypeError
+	)
+	switch {
+	case errors.As(err, &tooBig):
+		fail(c, http.StatusRequestEntityTooLarge, "body_too_large", fmt.Sprintf("body over %d bytes", maxBody), "")
+	case errors.As(err, &wrongType):
+		fail(c, http.StatusBadRequest, "invalid_request", fmt.Sprintf("%s: want a JSON %s", wrongType.Field, wrongType.Type), wrongType.Field)
+	case strings.HasPrefix(err.Error(), "json: unknown field "):
+		field := strings.Trim(strings.TrimPrefix(err.Error(), "json: unknown field "), `"`)
+		fail(c, http.StatusBadRequest, "invalid_request", "unknown field "+field, field)
+	case errors.As(err, &syntax), errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
+		fail(c, http.StatusBadRequest, "invalid_request", "body is not valid JSON", "")
+	default:
+		fail(c, http.StatusBadRequest, "invalid_request", err.Error(), "")
+	}
+	return false
+}
+
+// invalid writes a 400 naming field.
+func invalid(c *gin.Context, field, message string) {
+	fail(c, http.StatusBadRequest, "invalid_request", field+": "+message, field)
+}

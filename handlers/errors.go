@@ -1,0 +1,96 @@
+package handlers
+
+import (
+	"context"
+	"errors"
+	"math"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/gin-gonic/gin"
+
+	"github.com/credpool/credpool/optimistic"
+	"github.com/credpool/credpool/optimistic/broker"
+	"github.com/credpool/credpool/optimistic/catalog"
+)
+
+// errorBody is every error response: {"error":{"code":…,"message":…}}.
+type errorBody struct {
+	Error errorDetail `json:"error"`
+}
+
+type errorDetail struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+	// Field names the offending request field of a 400.
+	Field string `json:"field,omitempty"`
+}
+
+// statusFor is the one mapping from outcomes to HTTP. The order matters:
+// a cancelled request is not a store failure, and "full" (429) must never
+// be confused with "store down" (503): callers back off on one and alert
+// on the other.
+func statusFor(err error) (status int, code string) {
+	switch {
+	case errors.Is(err, context.Canceled):
+		return 499, "client_closed_request"
+	case errors.Is(err, context.DeadlineExceeded):
+		return http.StatusServiceUnavailable, "timeout"
+	case errors.Is(err, optimistic.ErrInvalid):
+		return http.StatusBadRequest, "invalid_request"
+	case errors.Is(err, broker.ErrNoCandidates):
+		return http.StatusNotFound, "no_candidates"
+	case errors.Is(err, catalog.ErrNotFound):
+		return http.StatusNotFound, "key_not_found"
+	case errors.Is(err, broker.ErrPolicy):
+		return http.StatusConflict, "policy_conflict"
+	case errors.Is(err, optimistic.ErrNoCapacity):
+		return http.StatusTooManyRequests, "pool_exhausted"
+	case errors.Is(err, optimistic.ErrContended):
+		return http.StatusTooManyRequests, "contended"
+	case errors.Is(err, optimistic.ErrLeaseLost):
+		return http.StatusGone, "lease_lost"
+	case errors.Is(err, broker.ErrCatalog):
+		return http.StatusServiceUnavailable, "catalog_unavailable"
+	case errors.Is(err, optimistic.ErrStore):
+		return http.StatusServiceUnavailable, "store_unavailable"
+	}
+	return http.StatusInternalServerError, "internal"
+}
+
+// fail writes an error response.
+func fail(c *gin.Context, status int, code, message, field string) {
+	c.Set("error_code", code)
+	c.JSON(status, errorBody{Error: errorDetail{Code: code, Message: message, Field: field}})
+}
+
+// failErr writes err as its mapped status. A 429 carries Retry-After when
+// the wait is known: the seconds until the earliest lease expiry or
+// cooldown end, or 1 after contention. Internal errors are not echoed.
+func failErr(c *gin.Context, err error) {
+	status, code := statusFor(err)
+	msg := err.Error()
+	switch status {
+	case http.StatusTooManyRequests:
+		if s, ok := retryAfter(err, time.Now()); ok {
+			c.Header("Retry-After", strconv.Itoa(s))
+		}
+	case http.StatusInternalServerError:
+		msg = "internal error"
+	}
+	fail(c, status, code, msg, "")
+}
+
+// retryAfter is whole seconds from now until err says to try again, at
+// least 1; false when nothing frees up by itself (e.g. all keys disabled).
+func retryAfter(err error, now time.Time) (int, bool) {
+	var full *optimistic.CapacityError
+	if errors.As(err, &full) {
+		if full.FreeAt.IsZero() {
+			return 0, false
+		}
+		return max(1, int(math.Ceil(full.FreeAt.Sub(now).Seconds()))), true
+	}
+	return 1, true
+}

@@ -1,0 +1,61 @@
+package handlers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/credpool/credpool/optimistic"
+	"github.com/credpool/credpool/optimistic/broker"
+	"github.com/credpool/credpool/optimistic/catalog"
+)
+
+func TestStatusFor(t *testing.T) {
+	storeDown := optimistic.StoreError("allocate", errors.New("connection refused"))
+	for _, c := range []struct {
+		err    error
+		status int
+		code   string
+	}{
+		{&optimistic.CapacityError{}, http.StatusTooManyRequests, "pool_exhausted"},
+		{fmt.Errorf("%w: allocate", optimistic.ErrContended), http.StatusTooManyRequests, "contended"},
+		{fmt.Errorf("%w: x", broker.ErrPolicy), http.StatusConflict, "policy_conflict"},
+		{fmt.Errorf("%w: x", broker.ErrNoCandidates), http.StatusNotFound, "no_candidates"},
+		{storeDown, http.StatusServiceUnavailable, "store_unavailable"},
+		{fmt.Errorf("%w: %w", broker.ErrCatalog, storeDown), http.StatusServiceUnavailable, "catalog_unavailable"},
+		{optimistic.ErrLeaseMismatch, http.StatusGone, "lease_lost"},
+		{fmt.Errorf("%w: bad", optimistic.ErrInvalid), http.StatusBadRequest, "invalid_request"},
+		{catalog.ErrNotFound, http.StatusNotFound, "key_not_found"},
+		// A cancelled request is neither "full" nor "store down".
+		{errors.Join(storeDown, context.Canceled), 499, "client_closed_request"},
+		{errors.Join(errors.New("x"), context.DeadlineExceeded), http.StatusServiceUnavailable, "timeout"},
+		{errors.New("boom"), http.StatusInternalServerError, "internal"},
+	} {
+		status, code := statusFor(c.err)
+		require.Equal(t, c.status, status, "%v", c.err)
+		require.Equal(t, c.code, code, "%v", c.err)
+	}
+}
+
+func TestRetryAfter(t *testing.T) {
+	now := time.Now()
+	for _, c := range []struct {
+		err  error
+		secs int
+		ok   bool
+	}{
+		{&optimistic.CapacityError{FreeAt: now.Add(2500 * time.Millisecond)}, 3, true},
+		{&optimistic.CapacityError{FreeAt: now.Add(-time.Second)}, 1, true},
+		{&optimistic.CapacityError{}, 0, false},
+		{optimistic.ErrContended, 1, true},
+	} {
+		secs, ok := retryAfter(c.err, now)
+		require.Equal(t, c.secs, secs, "%v", c.err)
+		require.Equal(t, c.ok, ok, "%v", c.err)
+	}
+}

@@ -1,0 +1,233 @@
+package handlers
+
+import (
+	"errors"
+	"net/http"
+	"time"
+
+	"github.com/gin-gonic/gin"
+
+	"github.com/credpool/credpool/optimistic"
+	"github.com/credpool/credpool/optimistic/broker"
+	"github.com/credpool/credpool/optimistic/catalog"
+)
+
+// Lease length limits, in seconds.
+const (
+	defaultLeaseSeconds = 35
+	maxLeaseSeconds     = 3600
+	maxRetryAfter       = 86400
+	maxModelLen         = 256
+)
+
+type internalAPI struct {
+	svc Service
+	m   *Metrics
+}
+
+type allocateRequest struct {
+	Provider     string `json:"provider"`
+	Model        string `json:"model"`
+	Pool         string `json:"pool"`
+	LeaseSeconds *int   `json:"lease_seconds"`
+}
+
+type allocateResponse struct {
+	KeyID         string     `json:"key_id"`
+	LeaseID       string     `json:"lease_id"`
+	FencingToken  int64      `json:"fencing_token"`
+	Pool          string     `json:"pool"`
+	ProviderModel string     `json:"provider_model"`
+	LeaseUntil    time.Time  `json:"lease_until"`
+	Credential    credential `json:"credential"`
+}
+
+type credential struct {
+	APIKey string `json:"api_key"`
+}
+
+func (a internalAPI) allocate(c *gin.Context) {
+	var req allocateRequest
+	if !decode(c, &req) {
+		return
+	}
+	if req.Pool == "" {
+		req.Pool = "default"
+	}
+	ttl, ok := leaseTTL(c, req.LeaseSeconds)
+	if !ok || !validID(c, "provider", req.Provider) || !validID(c, "pool", req.Pool) {
+		return
+	}
+	if req.Model == "" || len(req.Model) > maxModelLen {
+		invalid(c, "model", "required, at most 256 characters")
+		return
+	}
+	start := time.Now()
+	g, err := a.svc.Allocate(c.Request.Context(), broker.Request{
+		Provider: req.Provider, Model: req.Model, Pool: req.Pool, TTL: ttl,
+	})
+	a.m.observeAllocate(err, g.Stats, time.Since(start))
+	if err != nil {
+		failErr(c, err)
+		return
+	}
+	c.Set(logKeyID, g.KeyID)
+	c.Set(logLeaseID, g.LeaseID)
+	c.JSON(http.StatusOK, allocateResponse{
+		KeyID: g.KeyID, LeaseID: g.LeaseID, FencingToken: g.Fence, Pool: g.Pool,
+		ProviderModel: g.Model, LeaseUntil: g.Until.UTC(),
+		Credential: credential{APIKey: g.Secret.Reveal()},
+	})
+}
+
+// leaseRequest names a lease; release, renew and report all carry it.
+type leaseRequest struct {
+	Provider string `json:"provider"`
+	Pool     string `json:"pool"`
+	KeyID    string `json:"key_id"`
+	LeaseID  string `json:"lease_id"`
+}
+
+// ref validates the four ids, writing a 400 naming the first bad one.
+func (l leaseRequest) ref(c *gin.Context) (optimistic.LeaseRef, bool) {
+	ok := validID(c, "provider", l.Provider) && validID(c, "pool", l.Pool) &&
+		validID(c, "key_id", l.KeyID) && validID(c, "lease_id", l.LeaseID)
+	if ok {
+		c.Set(logKeyID, l.KeyID)
+		c.Set(logLeaseID, l.LeaseID)
+	}
+	return optimistic.LeaseRef{Provider: l.Provider, Pool: l.Pool, KeyID: l.KeyID, LeaseID: l.LeaseID}, ok
+}
+
+// releaseResponse says whether the lease was released, and if not why:
+// "not_found_or_expired" (unknown, already released, expired; nothing to
+// do) or "owner_mismatch" (it belongs to another provider or pool).
+type releaseResponse struct {
+	Released bool   `json:"released"`
+	Reason   string `json:"reason,omitempty"`
+}
+
+func (a internalAPI) release(c *gin.Context) {
+	var req leaseRequest
+	if !decode(c, &req) {
+		return
+	}
+	ref, ok := req.ref(c)
+	if !ok {
+		return
+	}
+	a.released(c, "release", a.svc.Release(c.Request.Context(), ref))
+}
+
+// released writes the outcome of a release (or of the release that ends a
+// report): 200 with released true or false and the reason, or the error.
+func (a internalAPI) released(c *gin.Context, op string, err error) {
+	resp := releaseResponse{Released: err == nil}
+	switch {
+	case errors.Is(err, optimistic.ErrLeaseMismatch):
+		resp.Reason = "owner_mismatch"
+	case errors.Is(err, optimistic.ErrLeaseLost):
+		resp.Reason = "not_found_or_expired"
+	case err != nil:
+		a.m.releases.WithLabelValues(op, "error").Inc()
+		failErr(c, err)
+		return
+	}
+	a.m.releases.WithLabelValues(op, resultOf(resp)).Inc()
+	c.JSON(http.StatusOK, resp)
+}
+
+func resultOf(r releaseResponse) string {
+	if r.Released {
+		return "released"
+	}
+	return r.Reason
+}
+
+type renewRequest struct {
+	leaseRequest
+	LeaseSeconds *int `json:"lease_seconds"`
+}
+
+func (a internalAPI) renew(c *gin.Context) {
+	var req renewRequest
+	if !decode(c, &req) {
+		return
+	}
+	ref, ok := req.ref(c)
+	if !ok {
+		return
+	}
+	ttl, ok := leaseTTL(c, req.LeaseSeconds)
+	if !ok {
+		return
+	}
+	until, err := a.svc.Renew(c.Request.Context(), ref, ttl)
+	status, code := "renewed", ""
+	if err != nil {
+		_, code = statusFor(err)
+		status = code
+	}
+	a.m.renewals.WithLabelValues(status).Inc()
+	if err != nil {
+		failErr(c, err)
+		return
+	}
+	c.JSON(http.StatusOK, gin.H{"lease_until": until.UTC()})
+}
+
+type reportRequest struct {
+	leaseRequest
+	Outcome           catalog.Outcome `json:"outcome"`
+	RetryAfterSeconds *int            `json:"retry_after_seconds"`
+}
+
+func (a internalAPI) report(c *gin.Context) {
+	var req reportRequest
+	if !decode(c, &req) {
+		return
+	}
+	ref, ok := req.ref(c)
+	if !ok {
+		return
+	}
+	if !req.Outcome.Valid() {
+		invalid(c, "outcome", "want success, error, rate_limited or auth_error")
+		return
+	}
+	var retry time.Duration
+	if req.RetryAfterSeconds != nil {
+		if s := *req.RetryAfterSeconds; s < 0 || s > maxRetryAfter {
+			invalid(c, "retry_after_seconds", "want 0 to 86400")
+			return
+		}
+		retry = time.Duration(*req.RetryAfterSeconds) * time.Second
+	}
+	a.m.reports.WithLabelValues(string(req.Outcome)).Inc()
+	a.released(c, "report", a.svc.Report(c.Request.Context(), ref, req.Outcome, retry))
+}
+
+// leaseTTL reads lease_seconds (default 35, 1..3600).
+func leaseTTL(c *gin.Context, secs *int) (time.Duration, bool) {
+	if secs == nil {
+		return defaultLeaseSeconds * time.Second, true
+	}
+	if *secs < 1 || *secs > maxLeaseSeconds {
+		invalid(c, "lease_seconds", "want 1 to 3600")
+		return 0, false
+	}
+	return time.Duration(*secs) * time.Second, true
+}
+
+// validID writes a 400 naming field unless v is a well-formed id.
+func validID(c *gin.Context, field, v string) bool {
+	if optimistic.ValidID(v) {
+		return true
+	}
+	if v == "" {
+		invalid(c, field, "required")
+	} else {
+		invalid(c, field, "want 1-128 characters of [A-Za-z0-9._-], starting with a letter or digit")
+	}
+	return false
+}

@@ -1,0 +1,90 @@
+package handlers
+
+import (
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/credpool/credpool/optimistic"
+)
+
+// Metrics are the service's Prometheus metrics, on a registry of their own.
+// Labels carry results and outcomes only: no key ids (unbounded) and never
+// secrets.
+type Metrics struct {
+	reg         *prometheus.Registry
+	allocations *prometheus.CounterVec
+	conflicts   prometheus.Counter
+	attempts    prometheus.Histogram
+	latency     prometheus.Histogram
+	releases    *prometheus.CounterVec
+	renewals    *prometheus.CounterVec
+	reports     *prometheus.CounterVec
+	expired     prometheus.Counter
+}
+
+// NewMetrics registers the metrics, plus the Go and process collectors.
+func NewMetrics() *Metrics {
+	reg := prometheus.NewRegistry()
+	m := &Metrics{
+		reg: reg,
+		allocations: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "credpool_allocations_total",
+			Help: "Allocate requests by result: granted, pool_exhausted, contended, no_candidates, policy_conflict, store_unavailable, and others.",
+		}, []string{"result"}),
+		conflicts: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "credpool_watch_conflicts_total",
+			Help: "Aborted EXECs (WATCH conflicts) during allocation.",
+		}),
+		attempts: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "credpool_allocate_attempts",
+			Help:    "Store read-decide rounds per allocate request.",
+			Buckets: []float64{1, 2, 3, 4, 6, 8, 12, 16, 24, 32},
+		}),
+		latency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "credpool_allocate_duration_seconds",
+			Help:    "Allocate request latency in the service.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
+		}),
+		releases: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "credpool_releases_total",
+			Help: "Releases by source (release, report) and result: released, not_found_or_expired, owner_mismatch, error.",
+		}, []string{"source", "result"}),
+		renewals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "credpool_renewals_total",
+			Help: "Renewals by result: renewed, lease_lost, or an error code.",
+		}, []string{"result"}),
+		reports: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "credpool_reports_total",
+			Help: "Usage reports by outcome.",
+		}, []string{"outcome"}),
+		expired: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "credpool_leases_expired_total",
+			Help: "Leases that expired without release, counted when an allocation prunes them.",
+		}),
+	}
+	reg.MustRegister(
+		m.allocations, m.conflicts, m.attempts, m.latency, m.releases, m.renewals, m.reports, m.expired,
+		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}),
+	)
+	return m
+}
+
+// Handler serves the metrics in the Prometheus text format.
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg})
+}
+
+func (m *Metrics) observeAllocate(err error, st optimistic.Stats, d time.Duration) {
+	result := "granted"
+	if err != nil {
+		_, result = statusFor(err)
+	}
+	m.allocations.WithLabelValues(result).Inc()
+	m.conflicts.Add(float64(st.Conflicts))
+	m.expired.Add(float64(st.Pruned))
+	m.attempts.Observe(float64(st.Attempts))
+	m.latency.Observe(d.Seconds())
+}

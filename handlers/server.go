@@ -1,0 +1,106 @@
+// Package handlers is credpool's HTTP API on gin: routes, key checks,
+// request validation, JSON shapes, and the one mapping from errors to
+// status codes (statusFor).
+package handlers
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/gin-gonic/gin"
+
+	"github.com/credpool/credpool/optimistic"
+	"github.com/credpool/credpool/optimistic/broker"
+	"github.com/credpool/credpool/optimistic/catalog"
+)
+
+// Service is what the internal API needs from the broker.
+type Service interface {
+	Allocate(ctx context.Context, req broker.Request) (broker.Grant, error)
+	Release(ctx context.Context, ref optimistic.LeaseRef) error
+	Renew(ctx context.Context, ref optimistic.LeaseRef, ttl time.Duration) (time.Time, error)
+	Report(ctx context.Context, ref optimistic.LeaseRef, o catalog.Outcome, retryAfter time.Duration) error
+}
+
+// Admin is what the admin API and /readyz need.
+type Admin interface {
+	Put(ctx context.Context, k catalog.Key) (catalog.Key, error)
+	Keys(ctx context.Context) ([]broker.KeyView, error)
+	Key(ctx context.Context, id string) (broker.KeyView, error)
+	Delete(ctx context.Context, id string) error
+	ClearLeases(ctx context.Context, id string) (int, error)
+	Sync(ctx context.Context) (int, error)
+	Ready(ctx context.Context) error
+}
+
+// Config wires the API. Every field is required except Logger.
+type Config struct {
+	Service Service
+	Admin   Admin
+	// InternalKey guards /api/internal (header X-Internal-Key), AdminKey
+	// guards /api/admin (X-Admin-Key). They must differ.
+	InternalKey string
+	AdminKey    string
+	// Store names the active lease store in /readyz ("redis", "sqlite").
+	Store   string
+	Metrics *Metrics
+	// Logger gets one JSON line per request with key_id and lease_id when
+	// known; never a secret.
+	//
+	// default: slog.Default()
+	Logger *slog.Logger
+}
+
+// New returns the API's http.Handler.
+func New(cfg Config) (http.Handler, error) {
+	switch {
+	case cfg.Service == nil || cfg.Admin == nil || cfg.Metrics == nil:
+		return nil, errors.New("handlers: Service, Admin and Metrics are required")
+	case cfg.InternalKey == "" || cfg.AdminKey == "":
+		return nil, errors.New("handlers: internal and admin keys are required")
+	case cfg.InternalKey == cfg.AdminKey:
+		return nil, errors.New("handlers: internal and admin keys must differ")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	gin.SetMode(gin.ReleaseMode)
+	r := gin.New()
+	r.HandleMethodNotAllowed = true
+	r.Use(recovery(cfg.Logger), requestLog(cfg.Logger))
+	r.NoRoute(func(c *gin.Context) { fail(c, http.StatusNotFound, "not_found", "no such endpoint", "") })
+	r.NoMethod(func(c *gin.Context) {
+		fail(c, http.StatusMethodNotAllowed, "method_not_allowed", "method not allowed", "")
+	})
+
+	r.GET("/healthz", func(c *gin.Context) { c.JSON(http.StatusOK, gin.H{"status": "ok"}) })
+	r.GET("/readyz", func(c *gin.Context) {
+		if err := cfg.Admin.Ready(c.Request.Context()); err != nil {
+			cfg.Logger.WarnContext(c.Request.Context(), "not ready", "err", err)
+			c.JSON(http.StatusServiceUnavailable, gin.H{"status": "unavailable", "store": cfg.Store, "error": err.Error()})
+			return
+		}
+		c.JSON(http.StatusOK, gin.H{"status": "ok", "store": cfg.Store})
+	})
+	r.GET("/metrics", gin.WrapH(cfg.Metrics.Handler()))
+
+	in := internalAPI{svc: cfg.Service, m: cfg.Metrics}
+	internal := r.Group("/api/internal", requireKey("X-Internal-Key", cfg.InternalKey))
+	internal.POST("/allocate-key", in.allocate)
+	internal.POST("/release", in.release)
+	internal.POST("/renew", in.renew)
+	internal.POST("/report", in.report)
+
+	ad := adminAPI{admin: cfg.Admin}
+	admin := r.Group("/api/admin", requireKey("X-Admin-Key", cfg.AdminKey))
+	admin.GET("/keys", ad.list)
+	admin.GET("/keys/:id", ad.get)
+	admin.PUT("/keys/:id", ad.put)
+	admin.DELETE("/keys/:id", ad.delete)
+	admin.POST("/keys/:id/clear-leases", ad.clearLeases)
+	admin.POST("/sync", ad.sync)
+	return r, nil
+}

@@ -1,0 +1,185 @@
+// Package broker is one allocate request end to end: pick the pools in
+// fallback order, filter the catalog's keys, rank them, lease a slot from
+// the store, then re-check the catalog before handing out the credential.
+package broker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/credpool/credpool/optimistic"
+	"github.com/credpool/credpool/optimistic/catalog"
+)
+
+// The broker's own outcomes; the store's (optimistic.ErrNoCapacity,
+// ErrContended, ErrStore, ErrInvalid) pass through unchanged.
+var (
+	// ErrNoCandidates means the provider has no keys at all in the
+	// requested pool or its fallbacks.
+	ErrNoCandidates = errors.New("broker: no keys for this provider and pool")
+	// ErrPolicy means keys exist but the request conflicts with policy:
+	// none of them serves the requested model.
+	ErrPolicy = errors.New("broker: request conflicts with policy")
+	// ErrCatalog wraps a failure of the catalog database.
+	ErrCatalog = errors.New("broker: catalog unavailable")
+)
+
+// Catalog is what the broker needs from the key catalog.
+type Catalog interface {
+	List(ctx context.Context, provider, pool string) ([]catalog.Key, error)
+	Get(ctx context.Context, id string) (catalog.Key, error)
+	ResolveModel(ctx context.Context, provider, model string) (string, error)
+	MarkUsed(ctx context.Context, id string, at time.Time) error
+	RecoverCooldown(ctx context.Context, id string, now time.Time) (bool, error)
+	Report(ctx context.Context, id string, o catalog.Outcome, retryAfter time.Duration, now time.Time) (catalog.Key, error)
+}
+
+// Options configure a Broker; nil means defaults.
+type Options struct {
+	// Weights rank candidates.
+	//
+	// default: optimistic.DefaultWeights
+	Weights *optimistic.Weights
+	// Pools is the pool fallback order.
+	//
+	// default: optimistic.DefaultPoolOrder (vip borrows default)
+	Pools optimistic.PoolOrder
+	// Logger receives one line per decision worth knowing (a grant given
+	// back, a cache repair). It logs key and lease ids, never secrets.
+	//
+	// default: slog.Default()
+	Logger *slog.Logger
+}
+
+// Broker serves allocate requests. It is safe for concurrent use.
+type Broker struct {
+	catalog Catalog
+	store   optimistic.LeaseStore
+	weights optimistic.Weights
+	pools   optimistic.PoolOrder
+	log     *slog.Logger
+
+	mu  sync.Mutex // guards rng
+	rng *rand.Rand
+}
+
+// New returns a Broker over a catalog and a lease store.
+func New(c Catalog, s optimistic.LeaseStore, opts *Options) *Broker {
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	b := &Broker{
+		catalog: c, store: s, weights: optimistic.DefaultWeights, pools: o.Pools, log: o.Logger,
+		rng: rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
+	}
+	if o.Weights != nil {
+		b.weights = *o.Weights
+	}
+	if b.log == nil {
+		b.log = slog.Default()
+	}
+	return b
+}
+
+// Request asks for one credential.
+type Request struct {
+	Provider string
+	// Model is the model the caller wants; aliases are resolved.
+	Model string
+	Pool  string
+	TTL   time.Duration
+}
+
+// Grant is a leased credential.
+type Grant struct {
+	optimistic.Lease
+	// Model is the canonical model to ask the provider for.
+	Model  string
+	Secret catalog.Secret
+	// Stats sum the store's work over every allocate call made.
+	Stats optimistic.Stats
+}
+
+// Allocate leases a key for req. Errors: ErrNoCandidates (no keys in the
+// pools), ErrPolicy (no key serves the model), a *optimistic.CapacityError
+// (keys serve the model but none has a slot now; FreeAt is the earliest
+// lease expiry or cooldown end), optimistic.ErrContended,
+// optimistic.ErrStore, ErrCatalog, optimistic.ErrInvalid, or ctx's error.
+// On any error no lease is held.
+func (b *Broker) Allocate(ctx context.Context, req Request) (Grant, error) {
+	if err := validate(req); err != nil {
+		return Grant{}, err
+	}
+	model, err := b.catalog.ResolveModel(ctx, req.Provider, req.Model)
+	if err != nil {
+		return Grant{}, b.catalogErr(ctx, "resolve model", err)
+	}
+	var (
+		g       = Grant{Model: model}
+		anyKey  bool
+		serving bool
+		freeAt  time.Time
+	)
+	for _, pool := range b.pools.Sequence(req.Pool) {
+		keys, err := b.catalog.List(ctx, req.Provider, pool)
+		if err != nil {
+			return Grant{}, b.catalogErr(ctx, "list keys", err)
+		}
+		p := poolRun{Broker: b, req: req, pool: pool, model: model, grant: &g}
+		cands, cooling, served := p.candidates(ctx, keys)
+		anyKey = anyKey || len(keys) > 0
+		serving = serving || served
+		freeAt = earliest(freeAt, cooling)
+		if len(cands) == 0 {
+			continue
+		}
+		err = p.allocate(ctx, cands)
+		var full *optimistic.CapacityError
+		switch {
+		case err == nil:
+			return g, nil
+		case errors.As(err, &full):
+			freeAt = earliest(freeAt, full.FreeAt)
+		default:
+			return Grant{Stats: g.Stats}, err
+		}
+	}
+	switch {
+	case !anyKey:
+		return Grant{}, fmt.Errorf("%w: provider %s, pools %v", ErrNoCandidates, req.Provider, b.pools.Sequence(req.Pool))
+	case !serving:
+		return Grant{}, fmt.Errorf("%w: no key of provider %s in pools %v serves model %s", ErrPolicy, req.Provider, b.pools.Sequence(req.Pool), model)
+	}
+	return Grant{Stats: g.Stats}, &optimistic.CapacityError{FreeAt: freeAt}
+}
+
+func validate(req Request) error {
+	if err := (optimistic.AllocateRequest{Provider: req.Provider, Pool: req.Pool, TTL: req.TTL}).Validate(); err != nil {
+		return err
+	}
+	if req.Model == "" || len(req.Model) > 256 {
+		return fmt.Errorf("%w: model: want 1-256 characters", optimistic.ErrInvalid)
+	}
+	return nil
+}
+
+// catalogErr keeps cancellation apart from a catalog failure.
+func (b *Broker) catalogErr(ctx context.Context, op string, err error) error {
+	if ctx.Err() != nil {
+		return errors.Join(fmt.Errorf("broker: %s: %w", op, err), ctx.Err())
+	}
+	return fmt.Errorf("%w: %s: %w", ErrCatalog, op, err)
+}
+
+func earliest(a, b time.Time) time.Time {
+	if a.IsZero() || (!b.IsZero() && b.Before(a)) {
+		return b
+	}
+	return a
+}

@@ -1,0 +1,545 @@
+package test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/credpool/credpool/handlers"
+	"github.com/credpool/credpool/optimistic"
+	"github.com/credpool/credpool/optimistic/broker"
+	"github.com/credpool/credpool/optimistic/catalog"
+	"github.com/credpool/credpool/optimistic/sqlitestore"
+	"github.com/credpool/credpool/test/redistest"
+)
+
+const (
+	internalKey = "internal-test-key"
+	adminKey    = "admin-test-key"
+)
+
+// service is credpool over real HTTP on loopback, a real catalog file and
+// a real lease store.
+type service struct {
+	url   string
+	redis *redistest.Server // nil for the SQLite store
+	cat   *catalog.SQL
+	store optimistic.LeaseStore
+	logs  *syncBuffer
+}
+
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// catalogHook lets a test act between the store's grant and the broker's
+// re-check of the catalog.
+type catalogHook struct {
+	*catalog.SQL
+	beforeGet func(id string)
+}
+
+func (c catalogHook) Get(ctx context.Context, id string) (catalog.Key, error) {
+	if c.beforeGet != nil {
+		c.beforeGet(id)
+	}
+	return c.SQL.Get(ctx, id)
+}
+
+type serviceOptions struct {
+	sqlite    bool
+	beforeGet func(id string)
+}
+
+func startService(t *testing.T, o serviceOptions) *service {
+	t.Helper()
+	ctx := context.Background()
+	db, err := sqlitestore.Open(filepath.Join(t.TempDir(), "credpool.db"))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = db.Close() })
+	cat, err := catalog.New(ctx, db)
+	require.NoError(t, err)
+	s := &service{cat: cat, logs: &syncBuffer{}}
+	name := "sqlite"
+	if o.sqlite {
+		s.store, err = sqlitestore.New(db, nil)
+		require.NoError(t, err)
+	} else {
+		name = "redis"
+		s.redis = redistest.Start(t)
+		s.store = newOptimistic(t, s.redis.Client(t))
+	}
+	log := slog.New(slog.NewJSONHandler(s.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	h, err := handlers.New(handlers.Config{
+		Service:     broker.New(catalogHook{SQL: cat, beforeGet: o.beforeGet}, s.store, &broker.Options{Logger: log}),
+		Admin:       broker.NewAdmin(cat, s.store),
+		InternalKey: internalKey,
+		AdminKey:    adminKey,
+		Store:       name,
+		Metrics:     handlers.NewMetrics(),
+		Logger:      log,
+	})
+	require.NoError(t, err)
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	s.url = srv.URL
+	return s
+}
+
+// call sends a JSON body (a string is sent as is) with the given header key
+// and decodes the JSON answer.
+func (s *service) call(t *testing.T, method, path, header, key string, body any) (int, http.Header, map[string]any) {
+	t.Helper()
+	var r io.Reader
+	switch b := body.(type) {
+	case nil:
+	case string:
+		r = strings.NewReader(b)
+	default:
+		raw, err := json.Marshal(b)
+		require.NoError(t, err)
+		r = bytes.NewReader(raw)
+	}
+	req, err := http.NewRequest(method, s.url+path, r)
+	require.NoError(t, err)
+	if header != "" {
+		req.Header.Set(header, key)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	var out map[string]any
+	if len(raw) > 0 && strings.HasPrefix(resp.Header.Get("Content-Type"), "application/json") {
+		require.NoError(t, json.Unmarshal(raw, &out), "body %s", raw)
+	}
+	return resp.StatusCode, resp.Header, out
+}
+
+func (s *service) internal(t *testing.T, path string, body any) (int, http.Header, map[string]any) {
+	t.Helper()
+	return s.call(t, http.MethodPost, "/api/internal/"+path, "X-Internal-Key", internalKey, body)
+}
+
+func (s *service) admin(t *testing.T, method, path string, body any) (int, map[string]any) {
+	t.Helper()
+	code, _, out := s.call(t, method, "/api/admin/"+path, "X-Admin-Key", adminKey, body)
+	return code, out
+}
+
+func (s *service) putKey(t *testing.T, id, pool string, limit int, extra map[string]any) {
+	t.Helper()
+	body := map[string]any{
+		"provider": "openai", "pool": pool, "models": []string{"gpt-4o-2024-08-06"},
+		"secret": "sk-secret-" + id, "max_concurrent_uses": limit,
+	}
+	for k, v := range extra {
+		body[k] = v
+	}
+	code, out := s.admin(t, http.MethodPut, "keys/"+id, body)
+	require.Equal(t, http.StatusOK, code, "put %s: %v", id, out)
+}
+
+func allocBody(pool string) map[string]any {
+	return map[string]any{"provider": "openai", "model": "gpt-4o-2024-08-06", "pool": pool, "lease_seconds": 30}
+}
+
+func errCode(out map[string]any) string {
+	e, _ := out["error"].(map[string]any)
+	code, _ := e["code"].(string)
+	return code
+}
+
+func leaseBody(grant map[string]any) map[string]any {
+	return map[string]any{"provider": "openai", "pool": grant["pool"], "key_id": grant["key_id"], "lease_id": grant["lease_id"]}
+}
+
+func withField(m map[string]any, k string, v any) map[string]any {
+	out := map[string]any{}
+	for kk, vv := range m {
+		out[kk] = vv
+	}
+	out[k] = v
+	return out
+}
+
+// forEachStore runs fn against the service on Redis and on SQLite.
+func forEachStore(t *testing.T, fn func(t *testing.T, sqlite bool)) {
+	for _, sqlite := range []bool{false, true} {
+		name := "redis"
+		if sqlite {
+			name = "sqlite"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			fn(t, sqlite)
+		})
+	}
+}
+
+func TestHTTPLeaseLifecycle(t *testing.T) {
+	forEachStore(t, func(t *testing.T, sqlite bool) {
+		s := startService(t, serviceOptions{sqlite: sqlite})
+		s.putKey(t, "k1", "default", 1, nil)
+		require.NoError(t, s.cat.SetAlias(context.Background(), "openai", "gpt-4o", "gpt-4o-2024-08-06"))
+
+		code, _, g := s.internal(t, "allocate-key", map[string]any{"provider": "openai", "model": "gpt-4o"})
+		require.Equal(t, http.StatusOK, code, "%v", g)
+		require.Equal(t, "k1", g["key_id"])
+		require.Equal(t, "default", g["pool"], "pool defaults to default")
+		require.Equal(t, "gpt-4o-2024-08-06", g["provider_model"], "the alias is resolved")
+		require.Equal(t, map[string]any{"api_key": "sk-secret-k1"}, g["credential"])
+		require.EqualValues(t, 1, g["fencing_token"])
+		until, err := time.Parse(time.RFC3339Nano, g["lease_until"].(string))
+		require.NoError(t, err)
+		require.WithinDuration(t, time.Now().Add(35*time.Second), until, 5*time.Second, "lease_seconds defaults to 35")
+
+		code, _, r := s.internal(t, "renew", withField(leaseBody(g), "lease_seconds", 600))
+		require.Equal(t, http.StatusOK, code, "%v", r)
+		renewed, err := time.Parse(time.RFC3339Nano, r["lease_until"].(string))
+		require.NoError(t, err)
+		require.True(t, renewed.After(until))
+
+		code, _, r = s.internal(t, "report", withField(leaseBody(g), "outcome", "success"))
+		require.Equal(t, http.StatusOK, code)
+		require.Equal(t, map[string]any{"released": true}, r)
+		code, out := s.admin(t, http.MethodGet, "keys/k1", nil)
+		require.Equal(t, http.StatusOK, code)
+		require.EqualValues(t, 1, out["successes"])
+		require.EqualValues(t, 0, out["live_leases"])
+		require.NotEmpty(t, out["last_used_at"])
+
+		code, _, r = s.internal(t, "release", leaseBody(g))
+		require.Equal(t, http.StatusOK, code)
+		require.Equal(t, map[string]any{"released": false, "reason": "not_found_or_expired"}, r, "release is idempotent")
+		code, _, r = s.internal(t, "renew", leaseBody(g))
+		require.Equal(t, http.StatusGone, code)
+		require.Equal(t, "lease_lost", errCode(r))
+	})
+}
+
+func TestHTTPStatusCodes(t *testing.T) {
+	forEachStore(t, func(t *testing.T, sqlite bool) {
+		s := startService(t, serviceOptions{sqlite: sqlite})
+		s.putKey(t, "only", "default", 1, nil)
+
+		code, _, out := s.internal(t, "allocate-key", map[string]any{"provider": "nobody", "model": "m"})
+		require.Equal(t, http.StatusNotFound, code)
+		require.Equal(t, "no_candidates", errCode(out))
+
+		code, _, out = s.internal(t, "allocate-key", map[string]any{"provider": "openai", "model": "claude-3"})
+		require.Equal(t, http.StatusConflict, code)
+		require.Equal(t, "policy_conflict", errCode(out))
+
+		code, _, g := s.internal(t, "allocate-key", allocBody("default"))
+		require.Equal(t, http.StatusOK, code)
+		code, h, out := s.internal(t, "allocate-key", allocBody("default"))
+		require.Equal(t, http.StatusTooManyRequests, code)
+		require.Equal(t, "pool_exhausted", errCode(out))
+		wait, err := strconv.Atoi(h.Get("Retry-After"))
+		require.NoError(t, err, "Retry-After %q", h.Get("Retry-After"))
+		require.InDelta(t, 30, wait, 2, "Retry-After is the time to the lease's expiry")
+
+		code, _, out = s.internal(t, "release", withField(leaseBody(g), "pool", "vip"))
+		require.Equal(t, http.StatusOK, code)
+		require.Equal(t, map[string]any{"released": false, "reason": "owner_mismatch"}, out)
+
+		for _, c := range []struct {
+			body  any
+			field string
+		}{
+			{`{"provider":"openai","model":"m","surprise":1}`, "surprise"},
+			{map[string]any{"model": "m"}, "provider"},
+			{map[string]any{"provider": "openai"}, "model"},
+			{map[string]any{"provider": "openai", "model": "m", "lease_seconds": 0}, "lease_seconds"},
+			{map[string]any{"provider": "openai", "model": "m", "lease_seconds": 3601}, "lease_seconds"},
+			{map[string]any{"provider": "openai", "model": "m", "pool": "a/b"}, "pool"},
+			{map[string]any{"provider": "openai", "model": "m", "lease_seconds": "35"}, "lease_seconds"},
+		} {
+			code, _, out := s.internal(t, "allocate-key", c.body)
+			require.Equal(t, http.StatusBadRequest, code, "%v", c.body)
+			require.Equal(t, c.field, out["error"].(map[string]any)["field"], "%v", c.body)
+		}
+		code, _, _ = s.internal(t, "allocate-key", `{"provider":`)
+		require.Equal(t, http.StatusBadRequest, code)
+		code, _, _ = s.internal(t, "allocate-key", `{"provider":"openai","model":"`+strings.Repeat("x", 70<<10)+`"}`)
+		require.Equal(t, http.StatusRequestEntityTooLarge, code)
+		code, _, out = s.internal(t, "report", withField(leaseBody(g), "outcome", "meh"))
+		require.Equal(t, http.StatusBadRequest, code)
+		require.Equal(t, "outcome", out["error"].(map[string]any)["field"])
+	})
+}
+
+func TestHTTPAuth(t *testing.T) {
+	s := startService(t, serviceOptions{sqlite: true})
+	for _, c := range []struct{ method, path, header, key string }{
+		{http.MethodPost, "/api/internal/allocate-key", "", ""},
+		{http.MethodPost, "/api/internal/allocate-key", "X-Internal-Key", "wrong"},
+		{http.MethodPost, "/api/internal/allocate-key", "X-Admin-Key", adminKey},
+		{http.MethodPost, "/api/internal/release", "X-Internal-Key", internalKey + "x"},
+		{http.MethodGet, "/api/admin/keys", "", ""},
+		{http.MethodGet, "/api/admin/keys", "X-Admin-Key", "wrong"},
+		{http.MethodGet, "/api/admin/keys", "X-Internal-Key", internalKey},
+		{http.MethodDelete, "/api/admin/keys/k", "X-Admin-Key", ""},
+	} {
+		code, _, out := s.call(t, c.method, c.path, c.header, c.key, map[string]any{})
+		require.Equal(t, http.StatusUnauthorized, code, "%+v", c)
+		require.Equal(t, "unauthorized", errCode(out))
+	}
+}
+
+func TestHTTPStoreDownIs503(t *testing.T) {
+	s := startService(t, serviceOptions{})
+	s.putKey(t, "k", "default", 1, nil)
+	s.redis.Stop()
+	code, _, out := s.internal(t, "allocate-key", allocBody("default"))
+	require.Equal(t, http.StatusServiceUnavailable, code)
+	require.Equal(t, "store_unavailable", errCode(out))
+	code, _, out = s.call(t, http.MethodGet, "/readyz", "", "", nil)
+	require.Equal(t, http.StatusServiceUnavailable, code)
+	require.Equal(t, "redis", out["store"])
+}
+
+func TestHTTPPoolFallbackIsOneWay(t *testing.T) {
+	forEachStore(t, func(t *testing.T, sqlite bool) {
+		s := startService(t, serviceOptions{sqlite: sqlite})
+		s.putKey(t, "vip-1", "vip", 1, nil)
+		s.putKey(t, "default-1", "default", 1, nil)
+
+		code, _, g := s.internal(t, "allocate-key", allocBody("vip"))
+		require.Equal(t, http.StatusOK, code)
+		require.Equal(t, "vip-1", g["key_id"], "vip uses its own pool first")
+		code, _, g = s.internal(t, "allocate-key", allocBody("vip"))
+		require.Equal(t, http.StatusOK, code)
+		require.Equal(t, "default-1", g["key_id"], "a full vip pool borrows default")
+		require.Equal(t, "default", g["pool"], "the response names the pool that granted")
+		code, _, _ = s.internal(t, "release", leaseBody(g))
+		require.Equal(t, http.StatusOK, code)
+
+		s.putKey(t, "default-1", "default", 1, map[string]any{"status": "disabled"})
+		code, _, out := s.internal(t, "allocate-key", allocBody("default"))
+		require.Equal(t, http.StatusTooManyRequests, code, "default never borrows vip: %v", out)
+	})
+}
+
+func TestHTTPDisabledAfterGrantIsGivenBack(t *testing.T) {
+	forEachStore(t, func(t *testing.T, sqlite bool) {
+		var s *service
+		disabled := false
+		s = startService(t, serviceOptions{sqlite: sqlite, beforeGet: func(id string) {
+			// The admin disables the first key the store grants, between
+			// the grant and the broker's re-check.
+			if disabled {
+				return
+			}
+			disabled = true
+			k, err := s.cat.Get(context.Background(), id)
+			require.NoError(t, err)
+			k.Status = optimistic.StatusDisabled
+			_, err = s.cat.Put(context.Background(), k)
+			require.NoError(t, err)
+		}})
+		s.putKey(t, "a", "default", 1, nil)
+		s.putKey(t, "b", "default", 1, nil)
+
+		code, _, g := s.internal(t, "allocate-key", allocBody("default"))
+		require.Equal(t, http.StatusOK, code, "%v", g)
+		require.True(t, disabled)
+		got := g["key_id"].(string)
+		other := map[string]string{"a": "b", "b": "a"}[got]
+		_, out := s.admin(t, http.MethodGet, "keys/"+other, nil)
+		require.Equal(t, "disabled", out["status"], "the disabled key is not the one returned")
+		require.EqualValues(t, 0, out["live_leases"], "its slot was given back")
+		require.Contains(t, s.logs.String(), `"reason":"status disabled"`)
+	})
+}
+
+func TestHTTPConcurrentAllocatesOnLimitOne(t *testing.T) {
+	forEachStore(t, func(t *testing.T, sqlite bool) {
+		s := startService(t, serviceOptions{sqlite: sqlite})
+		s.putKey(t, "solo", "default", 1, nil)
+		codes := make(chan int, 64)
+		var wg sync.WaitGroup
+		for range 64 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				raw, _ := json.Marshal(allocBody("default"))
+				req, _ := http.NewRequest(http.MethodPost, s.url+"/api/internal/allocate-key", bytes.NewReader(raw))
+				req.Header.Set("X-Internal-Key", internalKey)
+				resp, err := http.DefaultClient.Do(req)
+				if err != nil {
+					codes <- -1
+					return
+				}
+				_ = resp.Body.Close()
+				codes <- resp.StatusCode
+			}()
+		}
+		wg.Wait()
+		close(codes)
+		count := map[int]int{}
+		for c := range codes {
+			count[c]++
+		}
+		require.Equal(t, 1, count[http.StatusOK], "codes: %v", count)
+		require.Equal(t, 63, count[http.StatusTooManyRequests], "codes: %v", count)
+	})
+}
+
+func TestHTTPReportsChangeKeyHealth(t *testing.T) {
+	forEachStore(t, func(t *testing.T, sqlite bool) {
+		s := startService(t, serviceOptions{sqlite: sqlite})
+		s.putKey(t, "k", "default", 2, nil)
+
+		_, _, g := s.internal(t, "allocate-key", allocBody("default"))
+		_, _, held := s.internal(t, "allocate-key", allocBody("default"))
+		code, _, out := s.internal(t, "report", withField(withField(leaseBody(g), "outcome", "rate_limited"), "retry_after_seconds", 120))
+		require.Equal(t, http.StatusOK, code)
+		require.Equal(t, true, out["released"])
+		code, h, out := s.internal(t, "allocate-key", allocBody("default"))
+		require.Equal(t, http.StatusTooManyRequests, code)
+		require.Equal(t, "pool_exhausted", errCode(out))
+		wait, _ := strconv.Atoi(h.Get("Retry-After"))
+		require.InDelta(t, 120, wait, 2, "Retry-After is the cooldown's end")
+
+		code, _, _ = s.internal(t, "report", withField(leaseBody(held), "outcome", "auth_error"))
+		require.Equal(t, http.StatusOK, code)
+		_, key := s.admin(t, http.MethodGet, "keys/k", nil)
+		require.Equal(t, "disabled", key["status"])
+		require.EqualValues(t, 1, key["errors"])
+		require.EqualValues(t, 1, key["rate_limit_hits"])
+	})
+}
+
+func TestHTTPRenewOfDisabledKeyIsLost(t *testing.T) {
+	forEachStore(t, func(t *testing.T, sqlite bool) {
+		s := startService(t, serviceOptions{sqlite: sqlite})
+		s.putKey(t, "k", "default", 1, nil)
+		_, _, g := s.internal(t, "allocate-key", allocBody("default"))
+		s.putKey(t, "k", "default", 1, map[string]any{"status": "disabled"})
+		code, _, out := s.internal(t, "renew", leaseBody(g))
+		require.Equal(t, http.StatusGone, code)
+		require.Equal(t, "lease_lost", errCode(out))
+		_, key := s.admin(t, http.MethodGet, "keys/k", nil)
+		require.EqualValues(t, 0, key["live_leases"], "the holder's slot is released")
+	})
+}
+
+func TestHTTPAdmin(t *testing.T) {
+	forEachStore(t, func(t *testing.T, sqlite bool) {
+		s := startService(t, serviceOptions{sqlite: sqlite})
+		s.putKey(t, "k", "default", 3, nil)
+		code, out := s.admin(t, http.MethodPut, "keys/bad", map[string]any{"provider": "openai", "pool": "default", "models": []string{"m"}})
+		require.Equal(t, http.StatusBadRequest, code)
+		require.Equal(t, "secret", out["error"].(map[string]any)["field"])
+		code, _ = s.admin(t, http.MethodGet, "keys/missing", nil)
+		require.Equal(t, http.StatusNotFound, code)
+
+		for range 2 {
+			code, _, _ := s.internal(t, "allocate-key", allocBody("default"))
+			require.Equal(t, http.StatusOK, code)
+		}
+		code, out = s.admin(t, http.MethodGet, "keys", nil)
+		require.Equal(t, http.StatusOK, code)
+		keys := out["keys"].([]any)
+		require.Len(t, keys, 1)
+		k := keys[0].(map[string]any)
+		require.EqualValues(t, 2, k["live_leases"])
+		require.EqualValues(t, 3, k["max_concurrent_uses"])
+		require.Equal(t, true, k["in_store"])
+
+		code, out = s.admin(t, http.MethodPost, "keys/k/clear-leases", nil)
+		require.Equal(t, http.StatusOK, code)
+		require.EqualValues(t, 2, out["cleared"])
+		code, out = s.admin(t, http.MethodPost, "sync", nil)
+		require.Equal(t, http.StatusOK, code)
+		require.EqualValues(t, 1, out["synced"])
+		code, _ = s.admin(t, http.MethodDelete, "keys/k", nil)
+		require.Equal(t, http.StatusOK, code)
+		code, _ = s.admin(t, http.MethodDelete, "keys/k", nil)
+		require.Equal(t, http.StatusNotFound, code)
+		if s.redis != nil {
+			require.Empty(t, s.redis.Find(t, "k}"), "no Redis trace of a deleted key")
+		}
+		code, _, out = s.internal(t, "allocate-key", allocBody("default"))
+		require.Equal(t, http.StatusNotFound, code)
+		require.Equal(t, "no_candidates", errCode(out))
+	})
+}
+
+// The secret appears only in the allocate response: not in Redis, the logs,
+// /metrics or the admin API.
+func TestHTTPSecretStaysInCatalog(t *testing.T) {
+	s := startService(t, serviceOptions{})
+	s.putKey(t, "k", "default", 2, nil)
+	const secret = "sk-secret-k"
+	_, _, g := s.internal(t, "allocate-key", allocBody("default"))
+	require.Equal(t, secret, g["credential"].(map[string]any)["api_key"])
+	s.internal(t, "renew", leaseBody(g))
+	s.internal(t, "report", withField(leaseBody(g), "outcome", "rate_limited"))
+	s.internal(t, "allocate-key", allocBody("default"))
+
+	require.Empty(t, s.redis.Find(t, secret), "secret in Redis")
+	require.NotContains(t, s.logs.String(), secret, "secret in the logs")
+	require.Contains(t, s.logs.String(), g["lease_id"], "the logs do carry lease ids")
+	for _, path := range []string{"/metrics", "/api/admin/keys", "/api/admin/keys/k"} {
+		req, _ := http.NewRequest(http.MethodGet, s.url+path, nil)
+		req.Header.Set("X-Admin-Key", adminKey)
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		body, _ := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		require.Equal(t, http.StatusOK, resp.StatusCode, path)
+		require.NotContains(t, string(body), secret, path)
+		if path == "/metrics" {
+			for _, line := range []string{
+				`credpool_allocations_total{result="granted"} 1`,
+				`credpool_allocations_total{result="pool_exhausted"} 1`,
+				`credpool_renewals_total{result="renewed"} 1`,
+				`credpool_reports_total{outcome="rate_limited"} 1`,
+			} {
+				require.True(t, strings.Contains(string(body), line+"\n"), "/metrics lacks %s", line)
+			}
+		}
+	}
+}
+
+func TestHTTPHealth(t *testing.T) {
+	s := startService(t, serviceOptions{sqlite: true})
+	code, _, out := s.call(t, http.MethodGet, "/healthz", "", "", nil)
+	require.Equal(t, http.StatusOK, code)
+	require.Equal(t, "ok", out["status"])
+	code, _, out = s.call(t, http.MethodGet, "/readyz", "", "", nil)
+	require.Equal(t, http.StatusOK, code)
+	require.Equal(t, "sqlite", out["store"])
+	code, _, out = s.call(t, http.MethodGet, "/nowhere", "", "", nil)
+	require.Equal(t, http.StatusNotFound, code)
+	require.Equal(t, "not_found", errCode(out))
+}
