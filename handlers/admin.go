@@ -175,3 +175,18 @@ func (a adminAPI) sync(c *gin.Context) {
 	}
 	c.JSON(http.StatusOK, gin.H{"synced": n})
 }
+
+func (a adminAPI) setAlias(c *gin.Context) {
+	var req struct {
+		Model string `json:"model"`
+	}
+	if !decode(c, &req) {
+		return
+	}
+	provider, alias := c.Param("provider"), c.Param("alias")
+	if err := a.admin.SetAlias(c.Request.Context(), provider, alias, req.Model); err != nil {
+		failErr(c, err)
+		return
+	}
+	c.JSON(http.StatusOK, gin.H{"provider": provider, "alias": alias, "model": req.Model})
+}

@@ -45,6 +45,8 @@ func statusFor(err error) (status int, code string) {
 		return http.StatusNotFound, "key_not_found"
 	case errors.Is(err, broker.ErrPolicy):
 		return http.StatusConflict, "policy_conflict"
+	case errors.Is(err, optimistic.ErrRequestInFlight):
+		return http.StatusConflict, "request_in_flight"
 	case errors.Is(err, optimistic.ErrNoCapacity):
 		return http.StatusTooManyRequests, "pool_exhausted"
 	case errors.Is(err, optimistic.ErrContended):

@@ -25,6 +25,7 @@ func TestStatusFor(t *testing.T) {
 		{&optimistic.CapacityError{}, http.StatusTooManyRequests, "pool_exhausted"},
 		{fmt.Errorf("%w: allocate", optimistic.ErrContended), http.StatusTooManyRequests, "contended"},
 		{fmt.Errorf("%w: x", broker.ErrPolicy), http.StatusConflict, "policy_conflict"},
+		{optimistic.ErrRequestInFlight, http.StatusConflict, "request_in_flight"},
 		{fmt.Errorf("%w: x", broker.ErrNoCandidates), http.StatusNotFound, "no_candidates"},
 		{storeDown, http.StatusServiceUnavailable, "store_unavailable"},
 		{fmt.Errorf("%w: %w", broker.ErrCatalog, storeDown), http.StatusServiceUnavailable, "catalog_unavailable"},

@@ -30,6 +30,7 @@ type allocateRequest struct {
 	Model        string `json:"model"`
 	Pool         string `json:"pool"`
 	LeaseSeconds *int   `json:"lease_seconds"`
+	RequestID    string `json:"request_id"`
 }
 
 type allocateResponse struct {
@@ -62,9 +63,12 @@ func (a internalAPI) allocate(c *gin.Context) {
 		invalid(c, "model", "required, at most 256 characters")
 		return
 	}
+	if req.RequestID != "" && !validID(c, "request_id", req.RequestID) {
+		return
+	}
 	start := time.Now()
 	g, err := a.svc.Allocate(c.Request.Context(), broker.Request{
-		Provider: req.Provider, Model: req.Model, Pool: req.Pool, TTL: ttl,
+		Provider: req.Provider, Model: req.Model, Pool: req.Pool, TTL: ttl, RequestID: req.RequestID,
 	})
 	a.m.observeAllocate(err, g.Stats, time.Since(start))
 	if err != nil {

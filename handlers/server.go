@@ -33,6 +33,7 @@ type Admin interface {
 	Delete(ctx context.Context, id string) error
 	ClearLeases(ctx context.Context, id string) (int, error)
 	Sync(ctx context.Context) (int, error)
+	SetAlias(ctx context.Context, provider, alias, model string) error
 	Ready(ctx context.Context) error
 }
 
@@ -102,5 +103,6 @@ func New(cfg Config) (http.Handler, error) {
 	admin.DELETE("/keys/:id", ad.delete)
 	admin.POST("/keys/:id/clear-leases", ad.clearLeases)
 	admin.POST("/sync", ad.sync)
+	admin.PUT("/aliases/:provider/:alias", ad.setAlias)
 	return r, nil
 }

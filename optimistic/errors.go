@@ -34,6 +34,10 @@ var (
 	// caller that only asks "do I still hold it?" checks ErrLeaseLost alone.
 	ErrLeaseMismatch = fmt.Errorf("%w: it belongs to another key, provider or pool", ErrLeaseLost)
 
+	// ErrRequestInFlight means another allocate with the same request id
+	// has not finished yet; retry shortly to get its lease.
+	ErrRequestInFlight = errors.New("optimistic: a request with this id is still in flight")
+
 	// ErrInvalid means the request was rejected before touching the store:
 	// a malformed id, a non-positive ttl, an unknown status.
 	ErrInvalid = errors.New("optimistic: invalid argument")

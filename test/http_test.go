@@ -86,17 +86,21 @@ func startService(t *testing.T, o serviceOptions) *service {
 	require.NoError(t, err)
 	s := &service{cat: cat, logs: &syncBuffer{}}
 	name := "sqlite"
+	var requests broker.RequestLog
 	if o.sqlite {
-		s.store, err = sqlitestore.New(db, nil)
+		store, err := sqlitestore.New(db, nil)
 		require.NoError(t, err)
+		s.store, requests = store, store.Requests()
 	} else {
 		name = "redis"
 		s.redis = redistest.Start(t)
-		s.store = newOptimistic(t, s.redis.Client(t))
+		store, err := optimistic.New(s.redis.Client(t), nil)
+		require.NoError(t, err)
+		s.store, requests = store, store.Requests()
 	}
 	log := slog.New(slog.NewJSONHandler(s.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	h, err := handlers.New(handlers.Config{
-		Service:     broker.New(catalogHook{SQL: cat, beforeGet: o.beforeGet}, s.store, &broker.Options{Logger: log}),
+		Service:     broker.New(catalogHook{SQL: cat, beforeGet: o.beforeGet}, s.store, &broker.Options{Requests: requests, Logger: log}),
 		Admin:       broker.NewAdmin(cat, s.store),
 		InternalKey: internalKey,
 		AdminKey:    adminKey,
@@ -207,7 +211,10 @@ func TestHTTPLeaseLifecycle(t *testing.T) {
 	forEachStore(t, func(t *testing.T, sqlite bool) {
 		s := startService(t, serviceOptions{sqlite: sqlite})
 		s.putKey(t, "k1", "default", 1, nil)
-		require.NoError(t, s.cat.SetAlias(context.Background(), "openai", "gpt-4o", "gpt-4o-2024-08-06"))
+		code, out := s.admin(t, http.MethodPut, "aliases/openai/gpt-4o", map[string]any{"model": "gpt-4o-2024-08-06"})
+		require.Equal(t, http.StatusOK, code, "%v", out)
+		code, out = s.admin(t, http.MethodPut, "aliases/openai/gpt-4o", map[string]any{"model": ""})
+		require.Equal(t, http.StatusBadRequest, code, "%v", out)
 
 		code, _, g := s.internal(t, "allocate-key", map[string]any{"provider": "openai", "model": "gpt-4o"})
 		require.Equal(t, http.StatusOK, code, "%v", g)
@@ -229,7 +236,7 @@ func TestHTTPLeaseLifecycle(t *testing.T) {
 		code, _, r = s.internal(t, "report", withField(leaseBody(g), "outcome", "success"))
 		require.Equal(t, http.StatusOK, code)
 		require.Equal(t, map[string]any{"released": true}, r)
-		code, out := s.admin(t, http.MethodGet, "keys/k1", nil)
+		code, out = s.admin(t, http.MethodGet, "keys/k1", nil)
 		require.Equal(t, http.StatusOK, code)
 		require.EqualValues(t, 1, out["successes"])
 		require.EqualValues(t, 0, out["live_leases"])
@@ -542,4 +549,86 @@ func TestHTTPHealth(t *testing.T) {
 	code, _, out = s.call(t, http.MethodGet, "/nowhere", "", "", nil)
 	require.Equal(t, http.StatusNotFound, code)
 	require.Equal(t, "not_found", errCode(out))
+}
+
+func TestHTTPRequestIDIsIdempotent(t *testing.T) {
+	forEachStore(t, func(t *testing.T, sqlite bool) {
+		s := startService(t, serviceOptions{sqlite: sqlite})
+		s.putKey(t, "k", "default", 3, nil)
+		body := withField(allocBody("default"), "request_id", "req-1")
+
+		code, _, first := s.internal(t, "allocate-key", body)
+		require.Equal(t, http.StatusOK, code, "%v", first)
+		code, _, again := s.internal(t, "allocate-key", body)
+		require.Equal(t, http.StatusOK, code, "%v", again)
+		require.Equal(t, first["lease_id"], again["lease_id"], "same request id, same lease")
+		require.Equal(t, first["credential"], again["credential"])
+		_, key := s.admin(t, http.MethodGet, "keys/k", nil)
+		require.EqualValues(t, 1, key["live_leases"], "no second slot")
+
+		code, _, other := s.internal(t, "allocate-key", withField(body, "request_id", "req-2"))
+		require.Equal(t, http.StatusOK, code)
+		require.NotEqual(t, first["lease_id"], other["lease_id"])
+
+		// Once the lease is released the id is free again: a fresh lease.
+		code, _, _ = s.internal(t, "release", leaseBody(first))
+		require.Equal(t, http.StatusOK, code)
+		code, _, fresh := s.internal(t, "allocate-key", body)
+		require.Equal(t, http.StatusOK, code, "%v", fresh)
+		require.NotEqual(t, first["lease_id"], fresh["lease_id"])
+
+		code, _, out := s.internal(t, "allocate-key", withField(body, "request_id", "no spaces"))
+		require.Equal(t, http.StatusBadRequest, code)
+		require.Equal(t, "request_id", out["error"].(map[string]any)["field"])
+	})
+}
+
+func TestHTTPConcurrentSameRequestID(t *testing.T) {
+	forEachStore(t, func(t *testing.T, sqlite bool) {
+		s := startService(t, serviceOptions{sqlite: sqlite})
+		s.putKey(t, "k", "default", 5, nil)
+		leases := make(chan string, 16)
+		var wg sync.WaitGroup
+		for range 16 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				raw, _ := json.Marshal(withField(allocBody("default"), "request_id", "same"))
+				req, _ := http.NewRequest(http.MethodPost, s.url+"/api/internal/allocate-key", bytes.NewReader(raw))
+				req.Header.Set("X-Internal-Key", internalKey)
+				resp, err := http.DefaultClient.Do(req)
+				if err != nil {
+					leases <- "error: " + err.Error()
+					return
+				}
+				defer resp.Body.Close()
+				var out map[string]any
+				_ = json.NewDecoder(resp.Body).Decode(&out)
+				switch resp.StatusCode {
+				case http.StatusOK:
+					leases <- out["lease_id"].(string)
+				case http.StatusConflict:
+					leases <- errCode(out)
+				default:
+					leases <- "status " + strconv.Itoa(resp.StatusCode)
+				}
+			}()
+		}
+		wg.Wait()
+		close(leases)
+		seen := map[string]int{}
+		for l := range leases {
+			seen[l]++
+		}
+		granted := 0
+		for l := range seen {
+			if l != "request_in_flight" {
+				require.NotContains(t, l, " ", "unexpected answer %q", l)
+				granted++
+			}
+		}
+		require.Equal(t, 1, granted, "one lease for one request id: %v", seen)
+		_, key := s.admin(t, http.MethodGet, "keys/k", nil)
+		require.EqualValues(t, 1, key["live_leases"], "one slot for one request id")
+	})
 }

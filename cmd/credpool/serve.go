@@ -103,11 +103,12 @@ func serve(args []string) error {
 	if err != nil {
 		return err
 	}
-	store, storeName, closeStore, err := openStore(ctx, cfg, db)
+	st, err := openStore(ctx, cfg, db)
 	if err != nil {
 		return err
 	}
-	defer closeStore()
+	defer st.close()
+	store, storeName := st.leases, st.name
 	admin := broker.NewAdmin(cat, store)
 	if cfg.demo {
 		if err := seedDemo(ctx, cat, admin); err != nil {
@@ -121,7 +122,7 @@ func serve(args []string) error {
 	log.Info("catalog synced into the lease store", "keys", n)
 
 	h, err := handlers.New(handlers.Config{
-		Service:     broker.New(cat, store, &broker.Options{Weights: &weights, Pools: pools, Logger: log}),
+		Service:     broker.New(cat, store, &broker.Options{Weights: &weights, Pools: pools, Requests: st.requests, Logger: log}),
 		Admin:       admin,
 		InternalKey: cfg.internalKey,
 		AdminKey:    cfg.adminKey,
@@ -151,38 +152,48 @@ func serve(args []string) error {
 	return srv.Shutdown(shutdown)
 }
 
+// leaseStore is the active lease store and its request log.
+type leaseStore struct {
+	name     string
+	leases   optimistic.LeaseStore
+	requests broker.RequestLog
+	close    func()
+}
+
 // openStore picks the lease store: WATCH/MULTI on Redis when a URL is
 // given, else SQLite in the catalog's file.
-func openStore(ctx context.Context, cfg serveConfig, db *sql.DB) (optimistic.LeaseStore, string, func(), error) {
+func openStore(ctx context.Context, cfg serveConfig, db *sql.DB) (leaseStore, error) {
 	if cfg.redisURL == "" {
 		s, err := sqlitestore.New(db, nil)
-		return s, "sqlite", func() {}, err
+		if err != nil {
+			return leaseStore{}, err
+		}
+		return leaseStore{name: "sqlite", leases: s, requests: s.Requests(), close: func() {}}, nil
 	}
 	var rdb redis.UniversalClient
 	if cfg.redisCluster {
 		opt, err := redis.ParseClusterURL(cfg.redisURL)
 		if err != nil {
-			return nil, "", nil, fmt.Errorf("--redis: %w", err)
+			return leaseStore{}, fmt.Errorf("--redis: %w", err)
 		}
 		rdb = redis.NewClusterClient(opt)
 	} else {
 		opt, err := redis.ParseURL(cfg.redisURL)
 		if err != nil {
-			return nil, "", nil, fmt.Errorf("--redis: %w", err)
+			return leaseStore{}, fmt.Errorf("--redis: %w", err)
 		}
 		rdb = redis.NewClient(opt)
 	}
-	closeFn := func() { _ = rdb.Close() }
 	if err := rdb.Ping(ctx).Err(); err != nil {
-		closeFn()
-		return nil, "", nil, fmt.Errorf("redis at --redis is not reachable: %w", err)
+		_ = rdb.Close()
+		return leaseStore{}, fmt.Errorf("redis at --redis is not reachable: %w", err)
 	}
 	s, err := optimistic.New(rdb, nil)
 	if err != nil {
-		closeFn()
-		return nil, "", nil, err
+		_ = rdb.Close()
+		return leaseStore{}, err
 	}
-	return s, "redis", closeFn, nil
+	return leaseStore{name: "redis", leases: s, requests: s.Requests(), close: func() { _ = rdb.Close() }}, nil
 }
 
 // ensureKeys refuses to run without both API keys, except in --dev mode,

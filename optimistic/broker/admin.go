@@ -15,6 +15,7 @@ type AdminCatalog interface {
 	Get(ctx context.Context, id string) (catalog.Key, error)
 	List(ctx context.Context, provider, pool string) ([]catalog.Key, error)
 	Delete(ctx context.Context, id string) error
+	SetAlias(ctx context.Context, provider, alias, model string) error
 	Ping(ctx context.Context) error
 }
 
@@ -128,6 +129,11 @@ func (a *Admin) Sync(ctx context.Context) (int, error) {
 		}
 	}
 	return len(keys), nil
+}
+
+// SetAlias makes alias name model for the provider's requests.
+func (a *Admin) SetAlias(ctx context.Context, provider, alias, model string) error {
+	return a.catalog.SetAlias(ctx, provider, alias, model)
 }
 
 // Ready reports whether the catalog and the store answer.

@@ -39,8 +39,25 @@ type Catalog interface {
 	Report(ctx context.Context, id string, o catalog.Outcome, retryAfter time.Duration, now time.Time) (catalog.Key, error)
 }
 
+// RequestLog remembers which lease answered an allocate request id, so a
+// retried request gets the same lease back instead of a second slot.
+// optimistic.Store.Requests and sqlitestore.Store.Requests implement it.
+type RequestLog interface {
+	// Claim reserves id for ttl: claimed true means the caller owns it and
+	// must Record or Forget it; otherwise it returns the lease that
+	// answered id, or optimistic.ErrRequestInFlight.
+	Claim(ctx context.Context, id string, ttl time.Duration) (l optimistic.Lease, claimed bool, err error)
+	Record(ctx context.Context, id string, l optimistic.Lease) error
+	Forget(ctx context.Context, id string) error
+}
+
 // Options configure a Broker; nil means defaults.
 type Options struct {
+	// Requests makes request ids idempotent; without it a request that
+	// carries one is rejected as invalid.
+	//
+	// default: nil
+	Requests RequestLog
 	// Weights rank candidates.
 	//
 	// default: optimistic.DefaultWeights
@@ -58,9 +75,10 @@ type Options struct {
 
 // Broker serves allocate requests. It is safe for concurrent use.
 type Broker struct {
-	catalog Catalog
-	store   optimistic.LeaseStore
-	weights optimistic.Weights
+	catalog  Catalog
+	store    optimistic.LeaseStore
+	requests RequestLog
+	weights  optimistic.Weights
 	pools   optimistic.PoolOrder
 	log     *slog.Logger
 
@@ -75,7 +93,7 @@ func New(c Catalog, s optimistic.LeaseStore, opts *Options) *Broker {
 		o = *opts
 	}
 	b := &Broker{
-		catalog: c, store: s, weights: optimistic.DefaultWeights, pools: o.Pools, log: o.Logger,
+		catalog: c, store: s, requests: o.Requests, weights: optimistic.DefaultWeights, pools: o.Pools, log: o.Logger,
 		rng: rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
 	}
 	if o.Weights != nil {
@@ -94,6 +112,10 @@ type Request struct {
 	Model string
 	Pool  string
 	TTL   time.Duration
+	// RequestID, if set, makes the request idempotent: the same provider
+	// and id again while the lease lives returns that lease (renewed to
+	// TTL), not a second slot.
+	RequestID string
 }
 
 // Grant is a leased credential.
@@ -116,10 +138,74 @@ func (b *Broker) Allocate(ctx context.Context, req Request) (Grant, error) {
 	if err := validate(req); err != nil {
 		return Grant{}, err
 	}
+	if req.RequestID != "" && b.requests == nil {
+		return Grant{}, fmt.Errorf("%w: request_id: not supported by this lease store", optimistic.ErrInvalid)
+	}
 	model, err := b.catalog.ResolveModel(ctx, req.Provider, req.Model)
 	if err != nil {
 		return Grant{}, b.catalogErr(ctx, "resolve model", err)
 	}
+	if req.RequestID == "" {
+		return b.allocate(ctx, req, model)
+	}
+	return b.allocateOnce(ctx, req, model)
+}
+
+// allocateOnce is Allocate for a request with an id: a replay gets the
+// recorded lease, renewed; a first request allocates and records.
+func (b *Broker) allocateOnce(ctx context.Context, req Request, model string) (Grant, error) {
+	id := req.Provider + "/" + req.RequestID
+	for range 2 {
+		prior, claimed, err := b.requests.Claim(ctx, id, req.TTL)
+		if err != nil {
+			return Grant{}, err
+		}
+		if claimed {
+			g, err := b.allocate(ctx, req, model)
+			if err != nil {
+				b.forget(ctx, id)
+				return g, err
+			}
+			if err := b.requests.Record(ctx, id, g.Lease); err != nil {
+				b.log.WarnContext(ctx, "record request id", "key_id", g.KeyID, "lease_id", g.LeaseID, "err", err)
+			}
+			return g, nil
+		}
+		g, err := b.replay(ctx, prior, model, req.TTL)
+		if !errors.Is(err, optimistic.ErrLeaseLost) {
+			return g, err
+		}
+		// The recorded lease is gone: the id is free again.
+		b.forget(ctx, id)
+	}
+	return Grant{}, optimistic.ErrRequestInFlight
+}
+
+// replay hands out a recorded lease again, renewed to ttl, if its key
+// still backs it.
+func (b *Broker) replay(ctx context.Context, l optimistic.Lease, model string, ttl time.Duration) (Grant, error) {
+	until, err := b.Renew(ctx, l.LeaseRef, ttl)
+	if err != nil {
+		return Grant{}, err
+	}
+	k, err := b.catalog.Get(ctx, l.KeyID)
+	if err != nil {
+		return Grant{}, b.catalogErr(ctx, "replay", err)
+	}
+	l.Until = until
+	return Grant{Lease: l, Model: model, Secret: k.Secret}, nil
+}
+
+func (b *Broker) forget(ctx context.Context, id string) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	defer cancel()
+	if err := b.requests.Forget(ctx, id); err != nil {
+		b.log.WarnContext(ctx, "forget request id", "err", err)
+	}
+}
+
+// allocate runs the broker flow over the pools in fallback order.
+func (b *Broker) allocate(ctx context.Context, req Request, model string) (Grant, error) {
 	var (
 		g       = Grant{Model: model}
 		anyKey  bool
@@ -165,6 +251,9 @@ func validate(req Request) error {
 	}
 	if req.Model == "" || len(req.Model) > 256 {
 		return fmt.Errorf("%w: model: want 1-256 characters", optimistic.ErrInvalid)
+	}
+	if req.RequestID != "" && !optimistic.ValidID(req.RequestID) {
+		return fmt.Errorf("%w: request_id %q: want 1-128 characters of [A-Za-z0-9._-]", optimistic.ErrInvalid, req.RequestID)
 	}
 	return nil
 }

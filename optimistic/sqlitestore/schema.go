@@ -39,6 +39,16 @@ CREATE TABLE IF NOT EXISTS lease_leases (
 );
 CREATE INDEX IF NOT EXISTS lease_leases_key_until ON lease_leases (key_id, until);
 `,
+	// lease_requests maps an allocate request id to the lease that answered
+	// it (JSON; NULL while the first request is in flight). A row whose until
+	// has passed is dead.
+	`
+CREATE TABLE IF NOT EXISTS lease_requests (
+	id    TEXT PRIMARY KEY,
+	lease TEXT,
+	until INTEGER NOT NULL
+);
+`,
 }
 
 // migrate brings the lease tables to the latest version in one transaction,
