@@ -79,8 +79,8 @@ type Broker struct {
 	store    optimistic.LeaseStore
 	requests RequestLog
 	weights  optimistic.Weights
-	pools   optimistic.PoolOrder
-	log     *slog.Logger
+	pools    optimistic.PoolOrder
+	log      *slog.Logger
 
 	mu  sync.Mutex // guards rng
 	rng *rand.Rand
