@@ -59,7 +59,7 @@ func TestResentAllocateReturnsSameLease(t *testing.T) {
 	require.NoError(t, err)
 	again, err := s.claim(ctx, req, "k", leaseID)
 	require.NoError(t, err)
-	require.Equal(t, []int64{1, first[1], 1}, again, "same lease, same fence")
+	require.Equal(t, []int64{1, first[1], 1, 0}, again, "same lease, same fence, nothing pruned")
 	infos, err := s.Inspect(ctx, "k")
 	require.NoError(t, err)
 	require.Equal(t, 1, infos[0].Live)
