@@ -39,6 +39,9 @@ func statusFor(err error) (status int, code string) {
 		return http.StatusServiceUnavailable, "timeout"
 	case errors.Is(err, optimistic.ErrInvalid):
 		return http.StatusBadRequest, "invalid_request"
+	case errors.Is(err, broker.ErrCatalog):
+		// Before the store's outcomes: a busy or broken catalog wraps them.
+		return http.StatusServiceUnavailable, "catalog_unavailable"
 	case errors.Is(err, broker.ErrNoCandidates):
 		return http.StatusNotFound, "no_candidates"
 	case errors.Is(err, catalog.ErrNotFound):
@@ -53,8 +56,6 @@ func statusFor(err error) (status int, code string) {
 		return http.StatusTooManyRequests, "contended"
 	case errors.Is(err, optimistic.ErrLeaseLost):
 		return http.StatusGone, "lease_lost"
-	case errors.Is(err, broker.ErrCatalog):
-		return http.StatusServiceUnavailable, "catalog_unavailable"
 	case errors.Is(err, optimistic.ErrStore):
 		return http.StatusServiceUnavailable, "store_unavailable"
 	}

@@ -29,6 +29,7 @@ func TestStatusFor(t *testing.T) {
 		{fmt.Errorf("%w: x", broker.ErrNoCandidates), http.StatusNotFound, "no_candidates"},
 		{storeDown, http.StatusServiceUnavailable, "store_unavailable"},
 		{fmt.Errorf("%w: %w", broker.ErrCatalog, storeDown), http.StatusServiceUnavailable, "catalog_unavailable"},
+		{fmt.Errorf("%w: %w", broker.ErrCatalog, optimistic.ErrContended), http.StatusServiceUnavailable, "catalog_unavailable"},
 		{optimistic.ErrLeaseMismatch, http.StatusGone, "lease_lost"},
 		{fmt.Errorf("%w: bad", optimistic.ErrInvalid), http.StatusBadRequest, "invalid_request"},
 		{catalog.ErrNotFound, http.StatusNotFound, "key_not_found"},

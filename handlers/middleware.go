@@ -1,6 +1,7 @@
 package handlers
 
 import (
+	"context"
 	"crypto/sha256"
 	"crypto/subtle"
 	"log/slog"
@@ -55,6 +56,16 @@ func requestLog(log *slog.Logger) gin.HandlerFunc {
 			attrs = append(attrs, "error_code", code)
 		}
 		log.InfoContext(c.Request.Context(), "request", attrs...)
+	}
+}
+
+// deadline gives each request a context that ends after d.
+func deadline(d time.Duration) gin.HandlerFunc {
+	return func(c *gin.Context) {
+		ctx, cancel := context.WithTimeout(c.Request.Context(), d)
+		defer cancel()
+		c.Request = c.Request.WithContext(ctx)
+		c.Next()
 	}
 }
 

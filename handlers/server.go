@@ -48,6 +48,11 @@ type Config struct {
 	// Store names the active lease store in /readyz ("redis", "sqlite").
 	Store   string
 	Metrics *Metrics
+	// RequestTimeout bounds each request's work, store retries included; a
+	// request that runs out gets 503 "timeout".
+	//
+	// default: 10s
+	RequestTimeout time.Duration
 	// Logger gets one JSON line per request with key_id and lease_id when
 	// known; never a secret.
 	//
@@ -68,10 +73,13 @@ func New(cfg Config) (http.Handler, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if cfg.RequestTimeout <= 0 {
+		cfg.RequestTimeout = 10 * time.Second
+	}
 	gin.SetMode(gin.ReleaseMode)
 	r := gin.New()
 	r.HandleMethodNotAllowed = true
-	r.Use(recovery(cfg.Logger), requestLog(cfg.Logger))
+	r.Use(recovery(cfg.Logger), requestLog(cfg.Logger), deadline(cfg.RequestTimeout))
 	r.NoRoute(func(c *gin.Context) { fail(c, http.StatusNotFound, "not_found", "no such endpoint", "") })
 	r.NoMethod(func(c *gin.Context) {
 		fail(c, http.StatusMethodNotAllowed, "method_not_allowed", "method not allowed", "")
@@ -80,8 +88,10 @@ func New(cfg Config) (http.Handler, error) {
 	r.GET("/healthz", func(c *gin.Context) { c.JSON(http.StatusOK, gin.H{"status": "ok"}) })
 	r.GET("/readyz", func(c *gin.Context) {
 		if err := cfg.Admin.Ready(c.Request.Context()); err != nil {
+			// Unauthenticated: say which part is down, not its addresses.
 			cfg.Logger.WarnContext(c.Request.Context(), "not ready", "err", err)
-			c.JSON(http.StatusServiceUnavailable, gin.H{"status": "unavailable", "store": cfg.Store, "error": err.Error()})
+			_, code := statusFor(err)
+			c.JSON(http.StatusServiceUnavailable, gin.H{"status": "unavailable", "store": cfg.Store, "error": code})
 			return
 		}
 		c.JSON(http.StatusOK, gin.H{"status": "ok", "store": cfg.Store})

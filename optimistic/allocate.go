@@ -3,6 +3,7 @@ package optimistic
 import (
 	"context"
 	"errors"
+	"fmt"
 
 	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
@@ -145,7 +146,7 @@ func (a *allocation) try(ctx context.Context, keyID string) (granted bool, err e
 			var rerr redis.Error
 			if !errors.As(err, &rerr) && ctx.Err() == nil {
 				a.pending = true
-				return errors.Join(errRecheck, err)
+				return fmt.Errorf("%w: %w", errRecheck, err)
 			}
 			return err
 		}

@@ -38,8 +38,12 @@ type Weights struct {
 	// Jitter is the width of the uniform noise added to every score, so
 	// equal keys share the load instead of all callers piling on the first.
 	Jitter float64
-
-	IdleCap          time.Duration
+	// IdleCap is the idle time that earns the full Idle weight (5m in
+	// DefaultWeights); with zero only never-used keys count as idle.
+	IdleCap time.Duration
+	// FreshnessHorizon is the age of last_verified_at that costs the full
+	// Freshness weight (24h in DefaultWeights); zero makes every verified
+	// key fresh.
 	FreshnessHorizon time.Duration
 }
 

@@ -27,13 +27,20 @@ func (s *Store) retry(ctx context.Context, op func() error) error {
 		backoff.WithRandomizationFactor(0.5),
 	)
 	policy := backoff.WithContext(backoff.WithMaxRetries(b, uint64(s.opts.MaxConflicts)), ctx)
-	return backoff.Retry(func() error {
-		err := op()
-		if err == nil || errors.Is(err, redis.TxFailedErr) || errors.Is(err, errRecheck) {
-			return err
+	var last error
+	err := backoff.Retry(func() error {
+		last = op()
+		if last == nil || errors.Is(last, redis.TxFailedErr) || errors.Is(last, errRecheck) {
+			return last
 		}
-		return backoff.Permanent(err)
+		return backoff.Permanent(last)
 	}, policy)
+	// backoff returns ctx.Err() alone when ctx ends during a pause; keep
+	// what the last round ran into as well.
+	if err != nil && last != nil && !errors.Is(err, last) {
+		return errors.Join(last, err)
+	}
+	return err
 }
 
 // Classify turns what a store operation returned into the contract's

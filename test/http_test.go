@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -331,6 +332,7 @@ func TestHTTPStoreDownIs503(t *testing.T) {
 	code, _, out = s.call(t, http.MethodGet, "/readyz", "", "", nil)
 	require.Equal(t, http.StatusServiceUnavailable, code)
 	require.Equal(t, "redis", out["store"])
+	require.Equal(t, "store_unavailable", out["error"], "readyz names the failing part, not its address")
 }
 
 func TestHTTPPoolFallbackIsOneWay(t *testing.T) {
@@ -339,45 +341,58 @@ func TestHTTPPoolFallbackIsOneWay(t *testing.T) {
 		s.putKey(t, "vip-1", "vip", 1, nil)
 		s.putKey(t, "default-1", "default", 1, nil)
 
-		code, _, g := s.internal(t, "allocate-key", allocBody("vip"))
+		code, _, vip := s.internal(t, "allocate-key", allocBody("vip"))
 		require.Equal(t, http.StatusOK, code)
-		require.Equal(t, "vip-1", g["key_id"], "vip uses its own pool first")
-		code, _, g = s.internal(t, "allocate-key", allocBody("vip"))
+		require.Equal(t, "vip-1", vip["key_id"], "vip uses its own pool first")
+		code, _, g := s.internal(t, "allocate-key", allocBody("vip"))
 		require.Equal(t, http.StatusOK, code)
 		require.Equal(t, "default-1", g["key_id"], "a full vip pool borrows default")
 		require.Equal(t, "default", g["pool"], "the response names the pool that granted")
-		code, _, _ = s.internal(t, "release", leaseBody(g))
-		require.Equal(t, http.StatusOK, code)
 
-		s.putKey(t, "default-1", "default", 1, map[string]any{"status": "disabled"})
-		code, _, out := s.internal(t, "allocate-key", allocBody("default"))
+		// default full, vip free: default must not borrow vip.
+		code, _, _ = s.internal(t, "release", leaseBody(vip))
+		require.Equal(t, http.StatusOK, code)
+		code, h, out := s.internal(t, "allocate-key", allocBody("default"))
 		require.Equal(t, http.StatusTooManyRequests, code, "default never borrows vip: %v", out)
+		require.NotEmpty(t, h.Get("Retry-After"))
+		_, key := s.admin(t, http.MethodGet, "keys/vip-1", nil)
+		require.EqualValues(t, 0, key["live_leases"])
+
+		// Every default key disabled: nothing frees up by itself, so not 429.
+		s.putKey(t, "default-1", "default", 1, map[string]any{"status": "disabled"})
+		code, _, out = s.internal(t, "allocate-key", allocBody("default"))
+		require.Equal(t, http.StatusConflict, code, "%v", out)
+		require.Equal(t, "policy_conflict", errCode(out))
 	})
 }
 
 func TestHTTPDisabledAfterGrantIsGivenBack(t *testing.T) {
 	forEachStore(t, func(t *testing.T, sqlite bool) {
-		var s *service
-		disabled := false
+		var (
+			s        *service
+			disabled atomic.Bool
+			hookErr  = make(chan error, 1)
+		)
 		s = startService(t, serviceOptions{sqlite: sqlite, beforeGet: func(id string) {
 			// The admin disables the first key the store grants, between
-			// the grant and the broker's re-check.
-			if disabled {
+			// the grant and the broker's re-check. This runs on the
+			// server's goroutine, so it reports instead of failing.
+			if !disabled.CompareAndSwap(false, true) {
 				return
 			}
-			disabled = true
 			k, err := s.cat.Get(context.Background(), id)
-			require.NoError(t, err)
-			k.Status = optimistic.StatusDisabled
-			_, err = s.cat.Put(context.Background(), k)
-			require.NoError(t, err)
+			if err == nil {
+				k.Status = optimistic.StatusDisabled
+				_, err = s.cat.Put(context.Background(), k)
+			}
+			hookErr <- err
 		}})
 		s.putKey(t, "a", "default", 1, nil)
 		s.putKey(t, "b", "default", 1, nil)
 
 		code, _, g := s.internal(t, "allocate-key", allocBody("default"))
 		require.Equal(t, http.StatusOK, code, "%v", g)
-		require.True(t, disabled)
+		require.NoError(t, <-hookErr)
 		got := g["key_id"].(string)
 		other := map[string]string{"a": "b", "b": "a"}[got]
 		_, out := s.admin(t, http.MethodGet, "keys/"+other, nil)
@@ -436,9 +451,20 @@ func TestHTTPReportsChangeKeyHealth(t *testing.T) {
 		wait, _ := strconv.Atoi(h.Get("Retry-After"))
 		require.InDelta(t, 120, wait, 2, "Retry-After is the cooldown's end")
 
+		// Reports for a lease the caller does not hold change nothing.
+		code, _, out = s.internal(t, "report", withField(withField(leaseBody(held), "pool", "vip"), "outcome", "auth_error"))
+		require.Equal(t, http.StatusOK, code)
+		require.Equal(t, map[string]any{"released": false, "reason": "owner_mismatch"}, out)
+		code, _, out = s.internal(t, "report", withField(leaseBody(g), "outcome", "rate_limited"))
+		require.Equal(t, http.StatusOK, code)
+		require.Equal(t, map[string]any{"released": false, "reason": "not_found_or_expired"}, out, "a repeated report")
+		_, key := s.admin(t, http.MethodGet, "keys/k", nil)
+		require.Equal(t, "rate_limited", key["status"])
+		require.EqualValues(t, 1, key["rate_limit_hits"], "the repeated report did not count")
+
 		code, _, _ = s.internal(t, "report", withField(leaseBody(held), "outcome", "auth_error"))
 		require.Equal(t, http.StatusOK, code)
-		_, key := s.admin(t, http.MethodGet, "keys/k", nil)
+		_, key = s.admin(t, http.MethodGet, "keys/k", nil)
 		require.Equal(t, "disabled", key["status"])
 		require.EqualValues(t, 1, key["errors"])
 		require.EqualValues(t, 1, key["rate_limit_hits"])
@@ -462,7 +488,7 @@ func TestHTTPRenewOfDisabledKeyIsLost(t *testing.T) {
 func TestHTTPAdmin(t *testing.T) {
 	forEachStore(t, func(t *testing.T, sqlite bool) {
 		s := startService(t, serviceOptions{sqlite: sqlite})
-		s.putKey(t, "k", "default", 3, nil)
+		s.putKey(t, "admin-key-1", "default", 3, nil)
 		code, out := s.admin(t, http.MethodPut, "keys/bad", map[string]any{"provider": "openai", "pool": "default", "models": []string{"m"}})
 		require.Equal(t, http.StatusBadRequest, code)
 		require.Equal(t, "secret", out["error"].(map[string]any)["field"])
@@ -482,18 +508,18 @@ func TestHTTPAdmin(t *testing.T) {
 		require.EqualValues(t, 3, k["max_concurrent_uses"])
 		require.Equal(t, true, k["in_store"])
 
-		code, out = s.admin(t, http.MethodPost, "keys/k/clear-leases", nil)
+		code, out = s.admin(t, http.MethodPost, "keys/admin-key-1/clear-leases", nil)
 		require.Equal(t, http.StatusOK, code)
 		require.EqualValues(t, 2, out["cleared"])
 		code, out = s.admin(t, http.MethodPost, "sync", nil)
 		require.Equal(t, http.StatusOK, code)
 		require.EqualValues(t, 1, out["synced"])
-		code, _ = s.admin(t, http.MethodDelete, "keys/k", nil)
+		code, _ = s.admin(t, http.MethodDelete, "keys/admin-key-1", nil)
 		require.Equal(t, http.StatusOK, code)
-		code, _ = s.admin(t, http.MethodDelete, "keys/k", nil)
+		code, _ = s.admin(t, http.MethodDelete, "keys/admin-key-1", nil)
 		require.Equal(t, http.StatusNotFound, code)
 		if s.redis != nil {
-			require.Empty(t, s.redis.Find(t, "k}"), "no Redis trace of a deleted key")
+			require.Empty(t, s.redis.Find(t, "admin-key-1"), "no Redis trace of a deleted key")
 		}
 		code, _, out = s.internal(t, "allocate-key", allocBody("default"))
 		require.Equal(t, http.StatusNotFound, code)

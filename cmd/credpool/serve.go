@@ -152,6 +152,11 @@ func serve(args []string) error {
 	return srv.Shutdown(shutdown)
 }
 
+// redisPoolTimeout bounds the wait for a pooled connection: every WATCH
+// transaction holds one, and a saturated pool must turn into a quick 503,
+// not a hang (go-redis retries a pool timeout MaxRetries times).
+const redisPoolTimeout = time.Second
+
 // leaseStore is the active lease store and its request log.
 type leaseStore struct {
 	name     string
@@ -170,18 +175,22 @@ func openStore(ctx context.Context, cfg serveConfig, db *sql.DB) (leaseStore, er
 		}
 		return leaseStore{name: "sqlite", leases: s, requests: s.Requests(), close: func() {}}, nil
 	}
+	// The URL may carry a password: errors must not echo it.
+	badURL := errors.New("--redis: not a valid Redis URL, want redis://[user:password@]host:port[/db]")
 	var rdb redis.UniversalClient
 	if cfg.redisCluster {
 		opt, err := redis.ParseClusterURL(cfg.redisURL)
 		if err != nil {
-			return leaseStore{}, fmt.Errorf("--redis: %w", err)
+			return leaseStore{}, badURL
 		}
+		opt.ContextTimeoutEnabled, opt.PoolTimeout = true, redisPoolTimeout
 		rdb = redis.NewClusterClient(opt)
 	} else {
 		opt, err := redis.ParseURL(cfg.redisURL)
 		if err != nil {
-			return leaseStore{}, fmt.Errorf("--redis: %w", err)
+			return leaseStore{}, badURL
 		}
+		opt.ContextTimeoutEnabled, opt.PoolTimeout = true, redisPoolTimeout
 		rdb = redis.NewClient(opt)
 	}
 	if err := rdb.Ping(ctx).Err(); err != nil {

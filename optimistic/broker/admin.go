@@ -49,7 +49,7 @@ type KeyView struct {
 func (a *Admin) Put(ctx context.Context, k catalog.Key) (catalog.Key, error) {
 	stored, err := a.catalog.Put(ctx, k)
 	if err != nil {
-		return catalog.Key{}, err
+		return catalog.Key{}, catalogErr(ctx, "put key", err)
 	}
 	return stored, a.store.SyncKey(ctx, stored.LeaseState())
 }
@@ -58,7 +58,7 @@ func (a *Admin) Put(ctx context.Context, k catalog.Key) (catalog.Key, error) {
 func (a *Admin) Keys(ctx context.Context) ([]KeyView, error) {
 	keys, err := a.catalog.List(ctx, "", "")
 	if err != nil {
-		return nil, err
+		return nil, catalogErr(ctx, "list keys", err)
 	}
 	return a.views(ctx, keys...)
 }
@@ -67,7 +67,7 @@ func (a *Admin) Keys(ctx context.Context) ([]KeyView, error) {
 func (a *Admin) Key(ctx context.Context, id string) (KeyView, error) {
 	k, err := a.catalog.Get(ctx, id)
 	if err != nil {
-		return KeyView{}, err
+		return KeyView{}, catalogErr(ctx, "get key", err)
 	}
 	v, err := a.views(ctx, k)
 	if err != nil {
@@ -102,7 +102,7 @@ func (a *Admin) Delete(ctx context.Context, id string) error {
 	}
 	err := a.catalog.Delete(ctx, id)
 	if err != nil && !errors.Is(err, catalog.ErrNotFound) {
-		return err
+		return catalogErr(ctx, "delete key", err)
 	}
 	if serr := a.store.DeleteKey(ctx, id); serr != nil {
 		return serr
@@ -121,7 +121,7 @@ func (a *Admin) ClearLeases(ctx context.Context, id string) (int, error) {
 func (a *Admin) Sync(ctx context.Context) (int, error) {
 	keys, err := a.catalog.List(ctx, "", "")
 	if err != nil {
-		return 0, err
+		return 0, catalogErr(ctx, "list keys", err)
 	}
 	for i, k := range keys {
 		if err := a.store.SyncKey(ctx, k.LeaseState()); err != nil {
@@ -133,13 +133,13 @@ func (a *Admin) Sync(ctx context.Context) (int, error) {
 
 // SetAlias makes alias name model for the provider's requests.
 func (a *Admin) SetAlias(ctx context.Context, provider, alias, model string) error {
-	return a.catalog.SetAlias(ctx, provider, alias, model)
+	return catalogErr(ctx, "set alias", a.catalog.SetAlias(ctx, provider, alias, model))
 }
 
 // Ready reports whether the catalog and the store answer.
 func (a *Admin) Ready(ctx context.Context) error {
 	if err := a.catalog.Ping(ctx); err != nil {
-		return errors.Join(ErrCatalog, err)
+		return catalogErr(ctx, "ping", err)
 	}
 	_, err := a.store.Inspect(ctx, "readyz")
 	return err

@@ -129,11 +129,13 @@ type Grant struct {
 }
 
 // Allocate leases a key for req. Errors: ErrNoCandidates (no keys in the
-// pools), ErrPolicy (no key serves the model), a *optimistic.CapacityError
-// (keys serve the model but none has a slot now; FreeAt is the earliest
-// lease expiry or cooldown end), optimistic.ErrContended,
+// pools), ErrPolicy (no key serves the model, or none of those that do is
+// usable or will be by itself), a *optimistic.CapacityError (keys serve
+// the model but none has a slot now; FreeAt is the earliest lease expiry or
+// cooldown end), optimistic.ErrContended, optimistic.ErrRequestInFlight,
 // optimistic.ErrStore, ErrCatalog, optimistic.ErrInvalid, or ctx's error.
-// On any error no lease is held.
+// On error no lease is held, except one whose grant reply the store lost
+// (see optimistic.Store.Allocate): it expires by itself.
 func (b *Broker) Allocate(ctx context.Context, req Request) (Grant, error) {
 	if err := validate(req); err != nil {
 		return Grant{}, err
@@ -143,7 +145,7 @@ func (b *Broker) Allocate(ctx context.Context, req Request) (Grant, error) {
 	}
 	model, err := b.catalog.ResolveModel(ctx, req.Provider, req.Model)
 	if err != nil {
-		return Grant{}, b.catalogErr(ctx, "resolve model", err)
+		return Grant{}, catalogErr(ctx, "resolve model", err)
 	}
 	if req.RequestID == "" {
 		return b.allocate(ctx, req, model)
@@ -190,7 +192,7 @@ func (b *Broker) replay(ctx context.Context, l optimistic.Lease, model string, t
 	}
 	k, err := b.catalog.Get(ctx, l.KeyID)
 	if err != nil {
-		return Grant{}, b.catalogErr(ctx, "replay", err)
+		return Grant{}, catalogErr(ctx, "replay", err)
 	}
 	l.Until = until
 	return Grant{Lease: l, Model: model, Secret: k.Secret}, nil
@@ -207,15 +209,16 @@ func (b *Broker) forget(ctx context.Context, id string) {
 // allocate runs the broker flow over the pools in fallback order.
 func (b *Broker) allocate(ctx context.Context, req Request, model string) (Grant, error) {
 	var (
-		g       = Grant{Model: model}
-		anyKey  bool
-		serving bool
-		freeAt  time.Time
+		g         = Grant{Model: model}
+		anyKey    bool
+		serving   bool
+		contended bool
+		freeAt    time.Time
 	)
 	for _, pool := range b.pools.Sequence(req.Pool) {
 		keys, err := b.catalog.List(ctx, req.Provider, pool)
 		if err != nil {
-			return Grant{}, b.catalogErr(ctx, "list keys", err)
+			return Grant{}, catalogErr(ctx, "list keys", err)
 		}
 		p := poolRun{Broker: b, req: req, pool: pool, model: model, grant: &g}
 		cands, cooling, served := p.candidates(ctx, keys)
@@ -232,15 +235,24 @@ func (b *Broker) allocate(ctx context.Context, req Request, model string) (Grant
 			return g, nil
 		case errors.As(err, &full):
 			freeAt = earliest(freeAt, full.FreeAt)
+		case errors.Is(err, optimistic.ErrContended):
+			// A hot pool is no reason to skip its fallbacks.
+			contended = true
 		default:
 			return Grant{Stats: g.Stats}, err
 		}
 	}
+	pools := b.pools.Sequence(req.Pool)
 	switch {
 	case !anyKey:
-		return Grant{}, fmt.Errorf("%w: provider %s, pools %v", ErrNoCandidates, req.Provider, b.pools.Sequence(req.Pool))
+		return Grant{}, fmt.Errorf("%w: provider %s, pools %v", ErrNoCandidates, req.Provider, pools)
 	case !serving:
-		return Grant{}, fmt.Errorf("%w: no key of provider %s in pools %v serves model %s", ErrPolicy, req.Provider, b.pools.Sequence(req.Pool), model)
+		return Grant{}, fmt.Errorf("%w: no key of provider %s in pools %v serves model %s", ErrPolicy, req.Provider, pools, model)
+	case contended:
+		return Grant{Stats: g.Stats}, fmt.Errorf("%w: provider %s, pools %v", optimistic.ErrContended, req.Provider, pools)
+	case freeAt.IsZero():
+		// Full would be a lie: nothing frees up until an operator acts.
+		return Grant{Stats: g.Stats}, fmt.Errorf("%w: no key of provider %s in pools %v that serves model %s is usable (all disabled, pending or exhausted)", ErrPolicy, req.Provider, pools, model)
 	}
 	return Grant{Stats: g.Stats}, &optimistic.CapacityError{FreeAt: freeAt}
 }
@@ -258,9 +270,15 @@ func validate(req Request) error {
 	return nil
 }
 
-// catalogErr keeps cancellation apart from a catalog failure.
-func (b *Broker) catalogErr(ctx context.Context, op string, err error) error {
-	if ctx.Err() != nil {
+// catalogErr keeps cancellation apart from a catalog failure, and passes
+// through the catalog's answers (not found, invalid argument).
+func catalogErr(ctx context.Context, op string, err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, catalog.ErrNotFound), errors.Is(err, optimistic.ErrInvalid):
+		return err
+	case ctx.Err() != nil:
 		return errors.Join(fmt.Errorf("broker: %s: %w", op, err), ctx.Err())
 	}
 	return fmt.Errorf("%w: %s: %w", ErrCatalog, op, err)

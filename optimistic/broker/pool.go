@@ -68,11 +68,12 @@ func (p *poolRun) recover(ctx context.Context, k catalog.Key, now time.Time) cat
 }
 
 // allocate ranks cands by live capacity and health and leases the first
-// with a slot. An empty first answer syncs cands into the store (cache
-// repair: the store may have missed a catalog change) and asks once more.
-// A grant the catalog no longer backs is given back and the rest tried.
+// with a slot. An empty first answer repairs the store where its view of a
+// candidate differs from the catalog's (it may have missed a change) and
+// asks once more. A grant the catalog no longer backs is given back and the
+// rest tried.
 func (p *poolRun) allocate(ctx context.Context, cands []catalog.Key) error {
-	order, err := p.rank(ctx, cands)
+	order, infos, err := p.rank(ctx, cands)
 	if err != nil {
 		return err
 	}
@@ -86,10 +87,13 @@ func (p *poolRun) allocate(ctx context.Context, cands []catalog.Key) error {
 		p.grant.Stats.Pruned += st.Pruned
 		if errors.Is(err, optimistic.ErrNoCapacity) && !repaired {
 			repaired = true
-			if err := p.repair(ctx, cands); err != nil {
-				return err
+			n, rerr := p.repair(ctx, cands, infos)
+			if rerr != nil {
+				return rerr
 			}
-			continue
+			if n > 0 {
+				continue
+			}
 		}
 		if err != nil {
 			return err
@@ -103,16 +107,16 @@ func (p *poolRun) allocate(ctx context.Context, cands []catalog.Key) error {
 	return &optimistic.CapacityError{}
 }
 
-// rank orders cands best first, reading their live capacity from the store
-// in one round trip.
-func (p *poolRun) rank(ctx context.Context, cands []catalog.Key) ([]string, error) {
+// rank orders cands best first, reading their live state from the store
+// in one round trip; it returns that state too, in cands' order.
+func (p *poolRun) rank(ctx context.Context, cands []catalog.Key) ([]string, []optimistic.KeyInfo, error) {
 	ids := make([]string, len(cands))
 	for i, k := range cands {
 		ids[i] = k.ID
 	}
 	infos, err := p.store.Inspect(ctx, ids...)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	rc := make([]optimistic.Candidate, len(cands))
 	for i, k := range cands {
@@ -128,18 +132,43 @@ func (p *poolRun) rank(ctx context.Context, cands []catalog.Key) ([]string, erro
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.weights.Rank(rc, time.Now(), p.rng), nil
+	return p.weights.Rank(rc, time.Now(), p.rng), infos, nil
 }
 
-// repair writes the catalog's view of cands into the store.
-func (p *poolRun) repair(ctx context.Context, cands []catalog.Key) error {
-	for _, k := range cands {
-		if err := p.store.SyncKey(ctx, k.LeaseState()); err != nil {
-			return err
+// repair syncs into the store every candidate whose store state differs
+// from the catalog, re-read from the catalog just before: the request's
+// own snapshot may be older than an admin's latest sync. It returns how
+// many it synced; none means the pool is really full.
+func (p *poolRun) repair(ctx context.Context, cands []catalog.Key, infos []optimistic.KeyInfo) (int, error) {
+	n := 0
+	for i, k := range cands {
+		if !stale(infos[i], k.LeaseState()) {
+			continue
 		}
+		fresh, err := p.catalog.Get(ctx, k.ID)
+		if errors.Is(err, catalog.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return n, catalogErr(ctx, "repair", err)
+		}
+		if err := p.store.SyncKey(ctx, fresh.LeaseState()); err != nil {
+			return n, err
+		}
+		n++
 	}
-	p.log.DebugContext(ctx, "synced pool into the store after an empty answer", "provider", p.req.Provider, "pool", p.pool, "keys", len(cands))
-	return nil
+	if n > 0 {
+		p.log.InfoContext(ctx, "lease store repaired from the catalog", "provider", p.req.Provider, "pool", p.pool, "keys", n)
+	}
+	return n, nil
+}
+
+// stale reports whether the store's state of a key differs from the
+// catalog's in anything Allocate reads.
+func stale(in optimistic.KeyInfo, want optimistic.Key) bool {
+	return !in.Exists || in.Provider != want.Provider || in.Pool != want.Pool ||
+		in.Status != want.Status || in.Limit != max(want.MaxConcurrentUses, 1) ||
+		in.CooldownUntil.UnixMilli() != want.CooldownUntil.UnixMilli()
 }
 
 // confirm re-reads the granted key in the catalog. If it still exists,
@@ -155,7 +184,7 @@ func (p *poolRun) confirm(ctx context.Context, lease optimistic.Lease) (bool, er
 		reason = "deleted"
 	case err != nil:
 		p.giveBack(ctx, lease, "catalog read failed")
-		return false, p.catalogErr(ctx, "re-check key", err)
+		return false, catalogErr(ctx, "re-check key", err)
 	case k.Provider != lease.Provider || k.Pool != lease.Pool:
 		reason = "moved to another provider or pool"
 	case !k.Usable(now):
@@ -169,8 +198,13 @@ func (p *poolRun) confirm(ctx context.Context, lease optimistic.Lease) (bool, er
 		return false, nil
 	}
 	if err := p.catalog.MarkUsed(ctx, k.ID, now); err != nil {
+		if errors.Is(err, catalog.ErrNotFound) {
+			p.giveBack(ctx, lease, "deleted")
+			p.align(ctx, lease.KeyID, k, false)
+			return false, nil
+		}
 		p.giveBack(ctx, lease, "recording last use failed")
-		return false, p.catalogErr(ctx, "mark used", err)
+		return false, catalogErr(ctx, "mark used", err)
 	}
 	p.grant.Lease, p.grant.Secret = lease, k.Secret
 	return true, nil

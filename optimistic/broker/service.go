@@ -27,7 +27,7 @@ func (b *Broker) Renew(ctx context.Context, ref optimistic.LeaseRef, ttl time.Du
 	case errors.Is(err, catalog.ErrNotFound):
 		return time.Time{}, b.revoke(ctx, ref, "key deleted")
 	case err != nil:
-		return time.Time{}, b.catalogErr(ctx, "renew", err)
+		return time.Time{}, catalogErr(ctx, "renew", err)
 	case k.Provider != ref.Provider || k.Pool != ref.Pool:
 		return time.Time{}, b.revoke(ctx, ref, "key moved to another provider or pool")
 	case revoked(k.Status):
@@ -49,12 +49,14 @@ func (b *Broker) revoke(ctx context.Context, ref optimistic.LeaseRef, why string
 	return fmt.Errorf("%w: %s", optimistic.ErrLeaseLost, why)
 }
 
-// Report records the outcome of one use of a leased key in the catalog
-// (counters; rate_limited starts or extends a cooldown of retryAfter;
-// auth_error disables the key), pushes the new state to the store so no
-// new lease is granted against it, then releases the lease. The returned
-// error is the release's: nil, or ErrLeaseLost / ErrLeaseMismatch when
-// the lease was already gone (the report still counts).
+// Report releases the lease and records the outcome of that use of its key
+// in the catalog (counters; rate_limited starts or extends a cooldown of
+// retryAfter; auth_error disables the key), then pushes the key's new state
+// to the store so no new lease is granted against it. A report counts only
+// for a lease the caller still holds: if the release says the lease is
+// lost or belongs to another provider or pool, that error is returned and
+// the catalog is left alone, so a repeated or misdirected report cannot
+// count twice or touch someone else's key.
 func (b *Broker) Report(ctx context.Context, ref optimistic.LeaseRef, o catalog.Outcome, retryAfter time.Duration) error {
 	if err := ref.Validate(); err != nil {
 		return err
@@ -62,17 +64,18 @@ func (b *Broker) Report(ctx context.Context, ref optimistic.LeaseRef, o catalog.
 	if !o.Valid() {
 		return fmt.Errorf("%w: outcome %q: want success, error, rate_limited or auth_error", optimistic.ErrInvalid, o)
 	}
+	if err := b.store.Release(ctx, ref); err != nil {
+		return err
+	}
 	k, err := b.catalog.Report(ctx, ref.KeyID, o, retryAfter, time.Now())
 	if errors.Is(err, catalog.ErrNotFound) {
-		return b.store.Release(ctx, ref)
+		return nil
 	}
 	if err != nil {
-		return b.catalogErr(ctx, "report", err)
+		return catalogErr(ctx, "report", err)
 	}
-	if o != catalog.OutcomeSuccess && o != catalog.OutcomeError {
-		if err := b.store.SyncKey(ctx, k.LeaseState()); err != nil {
-			return err
-		}
+	if o == catalog.OutcomeRateLimited || o == catalog.OutcomeAuthError {
+		return b.store.SyncKey(ctx, k.LeaseState())
 	}
-	return b.store.Release(ctx, ref)
+	return nil
 }
