@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -60,56 +61,143 @@ func TestServeRefusesWithoutKeys(t *testing.T) {
 	require.ErrorContains(t, err, "must differ")
 }
 
-// TestServeDemo runs "credpool serve --dev --demo" as a process on the
-// SQLite store, allocates over HTTP, and stops it with SIGTERM.
-func TestServeDemo(t *testing.T) {
-	cmd := exec.Command(os.Args[0], "serve", "--dev", "--demo", "--listen", "127.0.0.1:0",
-		"--db", filepath.Join(t.TempDir(), "demo.db"))
-	cmd.Env = append(os.Environ(), "CREDPOOL_TEST_MAIN=1", "CREDPOOL_REDIS_URL=", "CREDPOOL_INTERNAL_KEY=", "CREDPOOL_ADMIN_KEY=")
+// serveProcess is "credpool serve" running as a child process.
+type serveProcess struct {
+	cmd  *exec.Cmd
+	addr string
+	// internal is the internal key: the given one, or the one --dev printed.
+	internal string
+	store    string
+}
+
+// startServe runs the test binary as "credpool serve args..." with env
+// added, and waits for its "serving" log line.
+func startServe(t *testing.T, env []string, args ...string) *serveProcess {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], append([]string{"serve", "--listen", "127.0.0.1:0"}, args...)...)
+	cmd.Env = append(append(os.Environ(), "CREDPOOL_TEST_MAIN=1", "CREDPOOL_REDIS_URL=", "CREDPOOL_INTERNAL_KEY=", "CREDPOOL_ADMIN_KEY="), env...)
 	stderr, err := cmd.StderrPipe()
 	require.NoError(t, err)
 	require.NoError(t, cmd.Start())
 	t.Cleanup(func() { _ = cmd.Process.Kill() })
-
-	var internal, addr, store string
+	p := &serveProcess{cmd: cmd}
+	for _, kv := range env {
+		if k, ok := strings.CutPrefix(kv, "CREDPOOL_INTERNAL_KEY="); ok {
+			p.internal = k
+		}
+	}
 	lines := bufio.NewScanner(stderr)
 	var seen []string
-	for addr == "" && lines.Scan() {
+	for p.addr == "" && lines.Scan() {
 		line := lines.Text()
 		seen = append(seen, line)
 		if k, ok := strings.CutPrefix(line, "dev mode: generated internal key: "); ok {
-			internal = k
+			p.internal = k
 		}
 		var rec map[string]any
 		if json.Unmarshal([]byte(line), &rec) == nil && rec["msg"] == "credpool serving" {
-			addr, _ = rec["addr"].(string)
-			store, _ = rec["lease_store"].(string)
+			p.addr, _ = rec["addr"].(string)
+			p.store, _ = rec["lease_store"].(string)
 		}
 	}
-	require.NotEmpty(t, addr, "no serving line in:\n%s", strings.Join(seen, "\n"))
-	require.NotEmpty(t, internal)
-	require.Equal(t, "sqlite", store)
+	require.NotEmpty(t, p.addr, "no serving line in:\n%s", strings.Join(seen, "\n"))
 	go func() { _, _ = io.Copy(io.Discard, stderr) }()
+	return p
+}
 
-	body := `{"provider":"openai","model":"gpt-4o","pool":"vip"}`
-	req, _ := http.NewRequest(http.MethodPost, "http://"+addr+"/api/internal/allocate-key", bytes.NewBufferString(body))
-	req.Header.Set("X-Internal-Key", internal)
+// post sends a JSON body with a key header and decodes the answer.
+func (p *serveProcess) post(t *testing.T, method, path, header, key, body string) (int, map[string]any) {
+	t.Helper()
+	req, err := http.NewRequest(method, "http://"+p.addr+path, bytes.NewBufferString(body))
+	require.NoError(t, err)
+	req.Header.Set(header, key)
 	resp, err := http.DefaultClient.Do(req)
 	require.NoError(t, err)
-	var grant map[string]any
-	require.NoError(t, json.NewDecoder(resp.Body).Decode(&grant))
-	_ = resp.Body.Close()
-	require.Equal(t, http.StatusOK, resp.StatusCode, "%v", grant)
+	defer resp.Body.Close()
+	var out map[string]any
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&out))
+	return resp.StatusCode, out
+}
+
+func (p *serveProcess) allocate(t *testing.T, body string) (int, map[string]any) {
+	return p.post(t, http.MethodPost, "/api/internal/allocate-key", "X-Internal-Key", p.internal, body)
+}
+
+// TestServeDemo runs "credpool serve --dev --demo" as a process on the
+// SQLite store, allocates over HTTP, and stops it with SIGTERM.
+func TestServeDemo(t *testing.T) {
+	p := startServe(t, nil, "--dev", "--demo", "--db", filepath.Join(t.TempDir(), "demo.db"))
+	require.NotEmpty(t, p.internal)
+	require.Equal(t, "sqlite", p.store)
+
+	code, grant := p.allocate(t, `{"provider":"openai","model":"gpt-4o","pool":"vip"}`)
+	require.Equal(t, http.StatusOK, code, "%v", grant)
 	require.Equal(t, "demo-vip-1", grant["key_id"])
 	require.Equal(t, "gpt-4o-2024-08-06", grant["provider_model"])
 
-	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
 	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
+	go func() { done <- p.cmd.Wait() }()
 	select {
 	case err := <-done:
 		require.NoError(t, err, "graceful exit after SIGTERM")
 	case <-time.After(20 * time.Second):
 		t.Fatal("credpool did not exit after SIGTERM")
 	}
+}
+
+// Two "credpool serve" processes on one SQLite file share catalog and
+// leases: concurrent allocates through both on a limit-1 key give exactly
+// one holder.
+func TestTwoServersShareOneSQLiteFile(t *testing.T) {
+	db := filepath.Join(t.TempDir(), "shared.db")
+	env := []string{"CREDPOOL_INTERNAL_KEY=internal-k", "CREDPOOL_ADMIN_KEY=admin-k"}
+	a := startServe(t, env, "--db", db)
+	b := startServe(t, env, "--db", db)
+	code, out := a.post(t, http.MethodPut, "/api/admin/keys/solo-1", "X-Admin-Key", "admin-k",
+		`{"provider":"solo","pool":"default","models":["m"],"secret":"s3cret","max_concurrent_uses":1}`)
+	require.Equal(t, http.StatusOK, code, "%v", out)
+
+	const body = `{"provider":"solo","model":"m","lease_seconds":60}`
+	codes := make(chan int, 32)
+	grants := make(chan map[string]any, 32)
+	var wg sync.WaitGroup
+	for i := range 32 {
+		srv := []*serveProcess{a, b}[i%2]
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			req, _ := http.NewRequest(http.MethodPost, "http://"+srv.addr+"/api/internal/allocate-key", bytes.NewBufferString(body))
+			req.Header.Set("X-Internal-Key", "internal-k")
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				codes <- -1
+				return
+			}
+			defer resp.Body.Close()
+			var out map[string]any
+			_ = json.NewDecoder(resp.Body).Decode(&out)
+			codes <- resp.StatusCode
+			if resp.StatusCode == http.StatusOK {
+				grants <- out
+			}
+		}()
+	}
+	wg.Wait()
+	close(codes)
+	close(grants)
+	count := map[int]int{}
+	for c := range codes {
+		count[c]++
+	}
+	require.Equal(t, map[int]int{http.StatusOK: 1, http.StatusTooManyRequests: 31}, count)
+
+	// Released through one server, the slot is free through the other.
+	g := <-grants
+	rel, _ := json.Marshal(map[string]any{"provider": "solo", "pool": "default", "key_id": g["key_id"], "lease_id": g["lease_id"]})
+	code, out = b.post(t, http.MethodPost, "/api/internal/release", "X-Internal-Key", "internal-k", string(rel))
+	require.Equal(t, http.StatusOK, code)
+	require.Equal(t, true, out["released"])
+	code, _ = a.allocate(t, body)
+	require.Equal(t, http.StatusOK, code)
 }

@@ -106,6 +106,7 @@ func launch(bin, dir string, port int, cluster bool) (*Server, error) {
 	}
 	cmd := exec.Command(bin, args...)
 	cmd.Dir = dir
+	dieWithParent(cmd)
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start %s: %w", bin, err)
 	}
