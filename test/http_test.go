@@ -147,6 +147,39 @@ func (s *service) call(t *testing.T, method, path, header, key string, body any)
 	return resp.StatusCode, resp.Header, out
 }
 
+// answer is one HTTP reply, or the error that prevented it.
+type answer struct {
+	code int
+	body map[string]any
+	err  error
+}
+
+// allocateAll sends n allocate requests with body at once. The goroutines
+// only report: the test checks the answers.
+func (s *service) allocateAll(n int, body any) []answer {
+	raw, _ := json.Marshal(body)
+	answers := make([]answer, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			req, _ := http.NewRequest(http.MethodPost, s.url+"/api/internal/allocate-key", bytes.NewReader(raw))
+			req.Header.Set("X-Internal-Key", internalKey)
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				answers[i].err = err
+				return
+			}
+			defer resp.Body.Close()
+			answers[i].code = resp.StatusCode
+			answers[i].err = json.NewDecoder(resp.Body).Decode(&answers[i].body)
+		}()
+	}
+	wg.Wait()
+	return answers
+}
+
 func (s *service) internal(t *testing.T, path string, body any) (int, http.Header, map[string]any) {
 	t.Helper()
 	return s.call(t, http.MethodPost, "/api/internal/"+path, "X-Internal-Key", internalKey, body)
@@ -406,29 +439,10 @@ func TestHTTPConcurrentAllocatesOnLimitOne(t *testing.T) {
 	forEachStore(t, func(t *testing.T, sqlite bool) {
 		s := startService(t, serviceOptions{sqlite: sqlite})
 		s.putKey(t, "solo", "default", 1, nil)
-		codes := make(chan int, 64)
-		var wg sync.WaitGroup
-		for range 64 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				raw, _ := json.Marshal(allocBody("default"))
-				req, _ := http.NewRequest(http.MethodPost, s.url+"/api/internal/allocate-key", bytes.NewReader(raw))
-				req.Header.Set("X-Internal-Key", internalKey)
-				resp, err := http.DefaultClient.Do(req)
-				if err != nil {
-					codes <- -1
-					return
-				}
-				_ = resp.Body.Close()
-				codes <- resp.StatusCode
-			}()
-		}
-		wg.Wait()
-		close(codes)
 		count := map[int]int{}
-		for c := range codes {
-			count[c]++
+		for _, a := range s.allocateAll(64, allocBody("default")) {
+			require.NoError(t, a.err)
+			count[a.code]++
 		}
 		require.Equal(t, 1, count[http.StatusOK], "codes: %v", count)
 		require.Equal(t, 63, count[http.StatusTooManyRequests], "codes: %v", count)
@@ -613,46 +627,19 @@ func TestHTTPConcurrentSameRequestID(t *testing.T) {
 	forEachStore(t, func(t *testing.T, sqlite bool) {
 		s := startService(t, serviceOptions{sqlite: sqlite})
 		s.putKey(t, "k", "default", 5, nil)
-		leases := make(chan string, 16)
-		var wg sync.WaitGroup
-		for range 16 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				raw, _ := json.Marshal(withField(allocBody("default"), "request_id", "same"))
-				req, _ := http.NewRequest(http.MethodPost, s.url+"/api/internal/allocate-key", bytes.NewReader(raw))
-				req.Header.Set("X-Internal-Key", internalKey)
-				resp, err := http.DefaultClient.Do(req)
-				if err != nil {
-					leases <- "error: " + err.Error()
-					return
-				}
-				defer resp.Body.Close()
-				var out map[string]any
-				_ = json.NewDecoder(resp.Body).Decode(&out)
-				switch resp.StatusCode {
-				case http.StatusOK:
-					leases <- out["lease_id"].(string)
-				case http.StatusConflict:
-					leases <- errCode(out)
-				default:
-					leases <- "status " + strconv.Itoa(resp.StatusCode)
-				}
-			}()
-		}
-		wg.Wait()
-		close(leases)
 		seen := map[string]int{}
-		for l := range leases {
-			seen[l]++
-		}
-		granted := 0
-		for l := range seen {
-			if l != "request_in_flight" {
-				require.NotContains(t, l, " ", "unexpected answer %q", l)
-				granted++
+		for _, a := range s.allocateAll(16, withField(allocBody("default"), "request_id", "same")) {
+			require.NoError(t, a.err)
+			switch a.code {
+			case http.StatusOK:
+				seen[a.body["lease_id"].(string)]++
+			case http.StatusConflict:
+				require.Equal(t, "request_in_flight", errCode(a.body))
+			default:
+				t.Fatalf("unexpected answer %d %v", a.code, a.body)
 			}
 		}
+		granted := len(seen)
 		require.Equal(t, 1, granted, "one lease for one request id: %v", seen)
 		_, key := s.admin(t, http.MethodGet, "keys/k", nil)
 		require.EqualValues(t, 1, key["live_leases"], "one slot for one request id")

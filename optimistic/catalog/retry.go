@@ -8,10 +8,9 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
-	"modernc.org/sqlite"
-	sqlite3 "modernc.org/sqlite/lib"
 
 	"github.com/credpool/credpool/optimistic"
+	"github.com/credpool/credpool/optimistic/sqlitestore"
 )
 
 // Busy retries, as in sqlitestore. SQLite's busy handler is not fair: under
@@ -41,28 +40,12 @@ func retry(ctx context.Context, op func() error) error {
 	// cause, and fail joins the two.
 	_ = backoff.Retry(func() error {
 		last = op()
-		if last == nil || busy(last) {
+		if last == nil || sqlitestore.Busy(last) {
 			return last
 		}
 		return backoff.Permanent(last)
 	}, backoff.WithContext(backoff.WithMaxRetries(b, maxBusyRetries), ctx))
 	return last
-}
-
-// busy reports whether SQLite refused the statement because another
-// connection held the lock; nothing was written. SQLite-specific: a
-// PostgreSQL catalog would retry serialization failures here instead.
-func busy(err error) bool {
-	var se *sqlite.Error
-	if !errors.As(err, &se) {
-		return false
-	}
-	// Extended result codes carry the primary code in the low byte.
-	switch se.Code() & 0xff {
-	case sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED:
-		return true
-	}
-	return false
 }
 
 // inTx runs fn in one write transaction and commits if fn succeeds;
@@ -118,7 +101,7 @@ func fail(ctx context.Context, op string, err error) error {
 		return nil
 	case errors.Is(err, ErrNotFound), errors.Is(err, optimistic.ErrInvalid):
 		return err
-	case busy(err) && ctx.Err() == nil:
+	case sqlitestore.Busy(err) && ctx.Err() == nil:
 		return fmt.Errorf("%w: catalog: %s: %w", optimistic.ErrContended, op, err)
 	}
 	return optimistic.Classify(ctx, "catalog: "+op, err)

@@ -30,16 +30,17 @@ func (s *Store) retry(ctx context.Context, st *optimistic.Stats, op func() error
 	return backoff.RetryNotify(func() error {
 		st.Attempts++
 		err := op()
-		if err == nil || busy(err) {
+		if err == nil || Busy(err) {
 			return err
 		}
 		return backoff.Permanent(err)
 	}, policy, func(error, time.Duration) { st.Conflicts++ })
 }
 
-// busy reports whether SQLite refused err's statement because another
-// connection held a lock: worth retrying, and never a store failure.
-func busy(err error) bool {
+// Busy reports whether SQLite refused err's statement because another
+// connection held a lock: nothing was written, it is worth retrying, and it
+// is never a store failure. The key catalog, in the same file, uses it too.
+func Busy(err error) bool {
 	var se *sqlite.Error
 	if !errors.As(err, &se) {
 		return false
@@ -55,7 +56,7 @@ func busy(err error) bool {
 // classify is optimistic.Classify, plus the one mapping it cannot know:
 // SQLite still busy after the retry budget is ErrContended.
 func classify(ctx context.Context, op string, err error) error {
-	if busy(err) && ctx.Err() == nil {
+	if Busy(err) && ctx.Err() == nil {
 		return fmt.Errorf("%w: %s: %w", optimistic.ErrContended, op, err)
 	}
 	return optimistic.Classify(ctx, op, err)
