@@ -1,7 +1,7 @@
 # credpool: `make test` is what CI runs (through .ci/run).
 GO ?= go
 
-.PHONY: test vet lint fmt run build redis-server
+.PHONY: test vet lint fmt run build redis-server bench
 
 ## test: vet, then every test under the race detector against a real redis-server
 test: redis-server vet
@@ -26,6 +26,15 @@ build:
 RUN_DB ?= credpool-demo.db
 run:
 	$(GO) run ./cmd/credpool serve --dev --demo --db $(RUN_DB)
+
+## bench: the standard benchmark suite (all three lease stores, closed loop,
+## then an open loop at fixed rates) into bench/results; under 5 minutes on
+## 2 cores. Starts its own redis-server on loopback.
+BENCH_OUT ?= bench/results
+bench: redis-server build
+	./credpool bench -strategies optimistic,lua,sqlite -out $(BENCH_OUT)
+	./credpool bench -strategies optimistic,lua,sqlite -scenarios uniform,zipf,hot \
+		-workers 64 -limits 5 -procs 1 -rates 1000,4000 -duration 2s -out $(BENCH_OUT)/open
 
 ## redis-server: the tests start their own servers; install the binary if missing
 redis-server:

@@ -1,8 +1,10 @@
 // Command credpool leases rate-limited upstream credentials.
 //
 //	credpool serve [flags]   run the HTTP service
+//	credpool bench [flags]   compare the lease stores under contention
 //
 // Run "credpool serve -h" for the flags; each has an environment fallback.
+// "credpool bench -h" lists the benchmark's.
 package main
 
 import (
@@ -14,6 +16,7 @@ const usage = `usage: credpool <command> [flags]
 
 commands:
   serve   run the allocation service (HTTP)
+  bench   benchmark the lease stores (WATCH/MULTI, Lua, SQLite) under contention
 
 Run "credpool <command> -h" for its flags.
 `
@@ -27,6 +30,8 @@ func main() {
 	switch os.Args[1] {
 	case "serve":
 		err = serve(os.Args[2:])
+	case "bench":
+		err = runBench(os.Args[2:])
 	case "-h", "-help", "--help", "help":
 		fmt.Print(usage)
 		return

@@ -1,0 +1,99 @@
+package bench
+
+import (
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/credpool/credpool/bench/workload"
+)
+
+func TestShareSplitsCallersCallsAndRate(t *testing.T) {
+	spec := workload.Spec{Workers: 65, Ops: 1001, Rate: 3000}
+	var workers int
+	var ops int64
+	for p := range 2 {
+		s := share(spec, 2, p)
+		workers += s.Workers
+		ops += s.Ops
+		require.InDelta(t, 1500, s.Rate, 1e-9)
+	}
+	require.Equal(t, 65, workers)
+	require.Equal(t, int64(1001), ops)
+	require.Equal(t, 33, share(spec, 2, 0).Workers, "the remainder goes to the first processes")
+	require.Zero(t, share(workload.Spec{Workers: 8}, 2, 1).Ops, "no op count stays none")
+}
+
+func TestGridCells(t *testing.T) {
+	g := Standard()
+	cells, err := g.Cells()
+	require.NoError(t, err)
+	// 4 scenarios × 2 limits × (3 worker counts in one process + 2 in two:
+	// one caller cannot be split over two processes).
+	require.Len(t, cells, 40)
+	for _, c := range cells {
+		require.GreaterOrEqual(t, c.Spec.Workers, c.Procs)
+		require.NoError(t, c.Spec.Validate())
+	}
+	require.Equal(t, Cell{Scenario: "uniform", Procs: 1, Spec: workload.Spec{
+		Keys: 1000, Limit: 1, Candidates: 4, Choice: workload.Uniform, Order: workload.Ranked, Workers: 1,
+		Hold: time.Millisecond, HoldDist: workload.Exponential, Duration: time.Second, TTL: 10 * time.Second,
+		Pause: time.Millisecond,
+	}}, cells[0])
+
+	g.Keys, g.Candidates = 3, 5
+	cells, err = g.Cells()
+	require.NoError(t, err)
+	require.Equal(t, 3, cells[0].Spec.Candidates, "candidates are capped at the keys")
+
+	for _, bad := range []func(*Grid){
+		func(g *Grid) { g.Scenarios = []string{"everything"} },
+		func(g *Grid) { g.Workers = []int{1}; g.Procs = []int{2} },
+		func(g *Grid) { g.Ops = 1 },
+		func(g *Grid) { g.HoldDist = "normal" },
+	} {
+		g := Standard()
+		bad(&g)
+		_, err := g.Cells()
+		require.Error(t, err)
+	}
+}
+
+func TestSelect(t *testing.T) {
+	got, err := Select(Strategies, "sqlite, optimistic")
+	require.NoError(t, err)
+	require.Equal(t, "sqlite", got[0].Name)
+	require.Equal(t, "optimistic", got[1].Name)
+	_, err = Select(Strategies, "optimistic,etcd")
+	require.ErrorContains(t, err, `unknown strategy "etcd"`)
+	_, err = Select(Strategies, "lua,lua")
+	require.Error(t, err)
+}
+
+func TestCommandStats(t *testing.T) {
+	before := parseCommandStats("# Commandstats\r\n" +
+		"cmdstat_evalsha:calls=10,usec=100,usec_per_call=10.00,rejected_calls=0,failed_calls=0\r\n" +
+		"cmdstat_hello:calls=3,usec=3,usec_per_call=1.00,rejected_calls=0,failed_calls=0\r\n")
+	require.Equal(t, map[string]int64{"evalsha": 10, "hello": 3}, before)
+	after := parseCommandStats("# Commandstats\r\n" +
+		"cmdstat_evalsha:calls=25,usec=100,usec_per_call=4.00,rejected_calls=0,failed_calls=0\r\n" +
+		"cmdstat_time:calls=15,usec=1,usec_per_call=0.07,rejected_calls=0,failed_calls=0\r\n" +
+		"cmdstat_hello:calls=9,usec=3,usec_per_call=0.33,rejected_calls=0,failed_calls=0\r\n" +
+		"cmdstat_client|setinfo:calls=12,usec=3,usec_per_call=0.25,rejected_calls=0,failed_calls=0\r\n" +
+		"cmdstat_info:calls=2,usec=30,usec_per_call=15.00,rejected_calls=0,failed_calls=0\r\n")
+	delta, total := commandDelta(before, after)
+	require.Equal(t, map[string]int64{"evalsha": 15, "time": 15}, delta, "connection set-up and INFO are not counted")
+	require.Equal(t, int64(30), total)
+}
+
+func TestLoopback(t *testing.T) {
+	for addr, want := range map[string]bool{
+		"127.0.0.1:6379": true, "127.3.2.1:6379": true, "[::1]:6379": true, "localhost:6379": true,
+		"10.0.0.5:6379": false, "redis.example.com:6379": false, "192.168.1.2:6379": false,
+	} {
+		require.Equal(t, want, loopback(&redis.Options{Addr: addr}), addr)
+	}
+	require.True(t, loopback(&redis.Options{Network: "unix", Addr: "/run/redis.sock"}))
+}

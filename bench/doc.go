@@ -1,0 +1,15 @@
+// Package bench is credpool's benchmark harness: it runs the same workloads
+// against every lease store (the WATCH/MULTI store, the seed's Lua script in
+// bench/baseline, SQLite) and reports goodput, conflicts, latency and Redis
+// commands side by side, under an oversell audit that fails the run if any
+// key ever had more holders than its limit.
+//
+// Run measures a list of cells (see Grid and Standard), each once per
+// strategy, in a fresh key space: a unique key prefix on Redis, a new file
+// for SQLite. A cell with Procs > 1 runs its callers in that many OS
+// processes, started with Config.Worker (credpool's own binary re-executed
+// as "credpool bench -worker"), which share one holder count through a
+// memory-mapped file and hand their results back as JSON on stdout.
+//
+// The workload itself is package workload; the outputs are package report.
+package bench

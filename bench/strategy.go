@@ -1,0 +1,144 @@
+package bench
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"slices"
+	"strings"
+	"sync/atomic"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/credpool/credpool/bench/baseline"
+	"github.com/credpool/credpool/optimistic"
+	"github.com/credpool/credpool/optimistic/sqlitestore"
+)
+
+// Strategy is a kind of lease store the harness measures.
+type Strategy struct {
+	Name string
+	// Redis says the store keeps its state in Redis, where the harness
+	// counts the commands it sends; otherwise it keeps it in a SQLite file.
+	Redis bool
+	// Open returns a store over t. It must keep all its state under t's
+	// prefix (Redis) or in t's file (SQLite).
+	Open func(t Target) (optimistic.LeaseStore, error)
+}
+
+// Target is where one run keeps its state: a key space nobody else uses.
+type Target struct {
+	// Redis and Prefix are set for Redis strategies.
+	Redis  redis.UniversalClient
+	Prefix string
+	// DB is set for SQLite strategies: a file of its own.
+	DB *sql.DB
+}
+
+// Strategies are the lease stores credpool ships, in report order.
+var Strategies = []Strategy{
+	{Name: "optimistic", Redis: true, Open: func(t Target) (optimistic.LeaseStore, error) {
+		return optimistic.New(t.Redis, &optimistic.Options{Prefix: t.Prefix})
+	}},
+	{Name: "lua", Redis: true, Open: func(t Target) (optimistic.LeaseStore, error) {
+		return baseline.New(t.Redis, &baseline.Options{Prefix: t.Prefix})
+	}},
+	{Name: "sqlite", Open: func(t Target) (optimistic.LeaseStore, error) {
+		return sqlitestore.New(t.DB, nil)
+	}},
+}
+
+// Select returns the strategies of from named in a comma-separated list,
+// in the list's order.
+func Select(from []Strategy, names string) ([]Strategy, error) {
+	var out []Strategy
+	for name := range strings.SplitSeq(names, ",") {
+		name = strings.TrimSpace(name)
+		i := slices.IndexFunc(from, func(s Strategy) bool { return s.Name == name })
+		if i < 0 {
+			return nil, fmt.Errorf("bench: unknown strategy %q (have %s)", name, strategyNames(from))
+		}
+		if slices.ContainsFunc(out, func(s Strategy) bool { return s.Name == name }) {
+			return nil, fmt.Errorf("bench: strategy %q listed twice", name)
+		}
+		out = append(out, from[i])
+	}
+	return out, nil
+}
+
+func strategyNames(ss []Strategy) string {
+	names := make([]string, len(ss))
+	for i, s := range ss {
+		names[i] = s.Name
+	}
+	return strings.Join(names, ", ")
+}
+
+// location says where a run's state lives, in a form a worker process can
+// receive as JSON and connect to.
+type location struct {
+	RedisURL string `json:",omitempty"`
+	Prefix   string `json:",omitempty"`
+	Path     string `json:",omitempty"`
+	// PoolSize sizes the Redis connection pool: one connection per caller,
+	// since a WATCH transaction holds one for its whole life.
+	PoolSize int `json:",omitempty"`
+}
+
+// conn is an open store with its connection.
+type conn struct {
+	store  optimistic.LeaseStore
+	target Target
+	// roundTrips counts requests sent to Redis: a command or a whole
+	// pipeline is one. Zero for SQLite.
+	roundTrips *roundTrips
+	close      func() error
+}
+
+// open connects to l and opens s's store there.
+func (l location) open(s Strategy) (*conn, error) {
+	c := &conn{roundTrips: &roundTrips{}}
+	if s.Redis {
+		opt, err := redis.ParseURL(l.RedisURL)
+		if err != nil {
+			return nil, fmt.Errorf("bench: redis url: %w", err)
+		}
+		opt.PoolSize = l.PoolSize
+		rdb := redis.NewClient(opt)
+		rdb.AddHook(c.roundTrips)
+		c.target, c.close = Target{Redis: rdb, Prefix: l.Prefix}, rdb.Close
+	} else {
+		db, err := sqlitestore.Open(l.Path)
+		if err != nil {
+			return nil, err
+		}
+		c.target, c.close = Target{DB: db}, db.Close
+	}
+	store, err := s.Open(c.target)
+	if err != nil {
+		_ = c.close()
+		return nil, fmt.Errorf("bench: open %s store: %w", s.Name, err)
+	}
+	c.store = store
+	return c, nil
+}
+
+// roundTrips is a go-redis hook counting requests; transactions created
+// from the client inherit it. It is safe for concurrent use.
+type roundTrips struct{ n atomic.Int64 }
+
+func (r *roundTrips) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (r *roundTrips) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		r.n.Add(1)
+		return next(ctx, cmd)
+	}
+}
+
+func (r *roundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		r.n.Add(1)
+		return next(ctx, cmds)
+	}
+}

@@ -1,0 +1,209 @@
+package workload
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/credpool/credpool/optimistic"
+)
+
+// releaseTimeout bounds one release, which runs even after ctx ends so that
+// no held slot is left behind.
+const releaseTimeout = 10 * time.Second
+
+// Run drives store with spec until spec.Duration has passed, spec.Ops calls
+// were made or ctx ends, and returns what happened. The keys must already be
+// in the store (Spec.Key). Every grant goes through holders, the audit;
+// several processes running one workload share it (OpenHolders). seed makes
+// the callers' choices reproducible; give each process its own.
+//
+// Store failures do not end the run: they are counted, and the caller
+// pauses as after "no slot". Run fails only on an invalid spec.
+func Run(ctx context.Context, store optimistic.LeaseStore, spec Spec, holders *Holders, seed uint64) (*Result, error) {
+	if err := spec.Validate(); err != nil {
+		return nil, err
+	}
+	r := &runner{
+		store:   store,
+		spec:    spec,
+		holders: holders,
+		res:     &Result{Latency: NewHistogram(), GrantLatency: NewHistogram()},
+	}
+	if spec.Choice == Zipf {
+		r.zipf = NewZipfian(spec.Keys, ZipfTheta)
+	}
+	if spec.Rate > 0 {
+		r.res.Offered = int64(spec.Rate * spec.Duration.Seconds())
+		if spec.Ops > 0 {
+			r.res.Offered = min(r.res.Offered, spec.Ops)
+		}
+	}
+	r.start = time.Now()
+	r.deadline = r.start.Add(spec.Duration)
+	var wg sync.WaitGroup
+	for w := range spec.Workers {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(seed, uint64(w)))
+			r.caller(ctx, newPicker(spec, r.zipf, rng), rng)
+		})
+	}
+	wg.Wait()
+	r.res.Elapsed = time.Since(r.start)
+	return r.res, nil
+}
+
+// runner is the state the callers of one Run share.
+type runner struct {
+	store   optimistic.LeaseStore
+	spec    Spec
+	holders *Holders
+	zipf    *Zipfian
+
+	start, deadline time.Time
+	started         atomic.Int64 // calls claimed so far
+
+	mu  sync.Mutex // guards res
+	res *Result
+}
+
+// claim takes the next call: it returns the instant the call is meant to
+// start (open loop: on the rate's schedule, waiting for it if early;
+// closed loop: now), or false when the run is over.
+func (r *runner) claim(ctx context.Context) (time.Time, bool) {
+	n := r.started.Add(1)
+	if r.spec.Ops > 0 && n > r.spec.Ops {
+		return time.Time{}, false
+	}
+	if r.spec.Rate == 0 {
+		now := time.Now()
+		return now, now.Before(r.deadline) && ctx.Err() == nil
+	}
+	intended := r.start.Add(time.Duration(float64(n-1) / r.spec.Rate * float64(time.Second)))
+	if !intended.Before(r.deadline) {
+		return time.Time{}, false
+	}
+	return intended, sleep(ctx, time.Until(intended))
+}
+
+// caller is one simulated broker caller.
+func (r *runner) caller(ctx context.Context, p *picker, rng *rand.Rand) {
+	local := &Result{}
+	defer func() {
+		r.mu.Lock()
+		r.res.Merge(local)
+		r.mu.Unlock()
+	}()
+	closed := r.spec.Rate == 0
+	for {
+		intended, ok := r.claim(ctx)
+		if !ok {
+			return
+		}
+		cands := p.candidates()
+		lease, st, err := r.store.Allocate(ctx, optimistic.AllocateRequest{
+			Provider: Provider, Pool: Pool, Candidates: cands, TTL: r.spec.TTL,
+		})
+		if err != nil && ctx.Err() != nil {
+			return // cut short by the caller of Run: not the store's doing
+		}
+		latency := time.Since(intended)
+		local.Calls++
+		local.Attempts += int64(st.Attempts)
+		local.Conflicts += int64(st.Conflicts)
+		local.Pruned += int64(st.Pruned)
+		r.record(latency, err == nil)
+		switch {
+		case err == nil:
+			local.Grants++
+			r.hold(ctx, local, p, rng, lease, cands)
+			continue
+		case errors.Is(err, optimistic.ErrNoCapacity):
+			local.NoSlot++
+		case errors.Is(err, optimistic.ErrContended):
+			local.GiveUps++
+		default:
+			local.Errors++
+			if local.FirstError == "" {
+				local.FirstError = err.Error()
+			}
+		}
+		if closed && !sleep(ctx, p.pause()) {
+			return
+		}
+	}
+}
+
+func (r *runner) record(latency time.Duration, granted bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.res.Latency.Record(latency)
+	if granted {
+		r.res.GrantLatency.Record(latency)
+	}
+}
+
+// hold uses a granted slot under the audit, then releases it, or crashes:
+// stops using it and leaves the lease to expire.
+func (r *runner) hold(ctx context.Context, local *Result, p *picker, rng *rand.Rand, lease optimistic.Lease, cands []string) {
+	if !slices.Contains(cands, lease.KeyID) {
+		r.violation(local, fmt.Sprintf("granted %s, which was not among the candidates %v", lease.KeyID, cands))
+		return
+	}
+	// Ids come from KeyID, so the index parses.
+	i, _ := strconv.Atoi(lease.KeyID[1:])
+	n, over := r.holders.Acquire(i)
+	local.MaxHolders = max(local.MaxHolders, n)
+	if over {
+		r.violation(local, fmt.Sprintf("%d holders of %s, limit %d", n, lease.KeyID, r.spec.Limit))
+	}
+	if rng.Float64() < r.spec.CrashShare {
+		r.holders.Drop(i)
+		local.Crashed++
+		return
+	}
+	sleep(ctx, p.hold())
+	// Stop using the key before the store may hand it on.
+	r.holders.Drop(i)
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	defer cancel()
+	switch err := r.store.Release(rctx, lease.LeaseRef); {
+	case err == nil:
+		local.Released++
+	case errors.Is(err, optimistic.ErrLeaseLost):
+		local.Lost++
+	default:
+		local.ReleaseErrors++
+		if local.FirstError == "" {
+			local.FirstError = "release: " + err.Error()
+		}
+	}
+}
+
+func (r *runner) violation(local *Result, msg string) {
+	local.Violations++
+	if local.FirstViolation == "" {
+		local.FirstViolation = msg
+	}
+}
+
+// sleep waits d or until ctx ends, and says whether it waited it all.
+func sleep(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}

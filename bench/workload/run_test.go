@@ -1,0 +1,163 @@
+package workload
+
+import (
+	"context"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// spec is a small valid workload: one key of limit 2, closed loop.
+func spec() Spec {
+	return Spec{
+		Keys: 1, Limit: 2, Candidates: 1, Choice: Hot, Order: Ranked, Workers: 4,
+		HoldDist: Fixed, Duration: 10 * time.Second, TTL: time.Minute,
+	}
+}
+
+// run syncs s's keys into store and runs s with a fresh audit.
+func run(t *testing.T, store *memStore, s Spec) *Result {
+	t.Helper()
+	ctx := context.Background()
+	for i := range s.Keys {
+		require.NoError(t, store.SyncKey(ctx, s.Key(i)))
+	}
+	res, err := Run(ctx, store, s, NewHolders(s.Keys, s.Limit), 1)
+	require.NoError(t, err)
+	return res
+}
+
+func TestRunClosedLoopStopsAfterOps(t *testing.T) {
+	store := newMemStore()
+	s := spec()
+	s.Ops = 300
+	res := run(t, store, s)
+	require.Equal(t, int64(300), res.Calls)
+	require.Equal(t, res.Calls, res.Grants+res.NoSlot+res.GiveUps+res.Errors)
+	require.Equal(t, res.Grants, res.Released)
+	require.Zero(t, res.Violations)
+	require.LessOrEqual(t, res.MaxHolders, int64(2))
+	require.Equal(t, res.Calls, res.Latency.h.TotalCount())
+	require.Equal(t, res.Grants, res.GrantLatency.h.TotalCount())
+	infos, err := store.Inspect(context.Background(), "k0")
+	require.NoError(t, err)
+	require.Zero(t, infos[0].Live, "every grant was released")
+}
+
+// The schedule alone decides how many calls an open loop starts: every
+// intended start before the end of the run, however late it runs.
+func TestRunOpenLoopOffersAtRate(t *testing.T) {
+	s := spec()
+	s.Rate, s.Duration = 1000, 100*time.Millisecond
+	res := run(t, newMemStore(), s)
+	require.Equal(t, int64(100), res.Offered)
+	require.Equal(t, int64(100), res.Calls)
+}
+
+// No coordinated omission: one caller against a store that takes 5ms per
+// call cannot keep a 1ms schedule, and the late calls' latency counts from
+// when they were due. The 20th call was due at 19ms but cannot start before
+// 19×5ms, so it is at least 76ms+5ms late; sleeps never end early, so the
+// bound holds on any machine.
+func TestRunOpenLoopLatencyFromIntendedStart(t *testing.T) {
+	store := newMemStore()
+	store.delay = 5 * time.Millisecond
+	s := spec()
+	s.Workers, s.Rate, s.Duration = 1, 1000, 20*time.Millisecond
+	res := run(t, store, s)
+	require.Equal(t, int64(20), res.Calls)
+	require.GreaterOrEqual(t, res.Latency.Max(), 80*time.Millisecond)
+
+	closed := spec()
+	closed.Workers, closed.Ops = 1, 20
+	res = run(t, store, closed)
+	require.Less(t, res.Latency.Max(), 80*time.Millisecond, "a closed loop times each call alone")
+}
+
+func TestRunCrashedHoldersLeaveLeases(t *testing.T) {
+	store := newMemStore()
+	s := spec()
+	s.CrashShare, s.Ops = 1, 50
+	res := run(t, store, s)
+	require.Equal(t, int64(2), res.Grants, "two crashed holders fill the key until their leases expire")
+	require.Equal(t, int64(2), res.Crashed)
+	require.Zero(t, res.Released)
+	require.Equal(t, int64(48), res.NoSlot)
+	require.Zero(t, res.Violations, "crashed holders stop using the key at once")
+}
+
+// The audit on its own: a store that ignores limits is caught.
+func TestRunAuditCatchesOverselling(t *testing.T) {
+	store := newMemStore()
+	store.oversell = true
+	s := spec()
+	s.Limit, s.Workers, s.Hold, s.Ops = 1, 8, time.Millisecond, 200
+	res := run(t, store, s)
+	require.Positive(t, res.Violations)
+	require.Greater(t, res.MaxHolders, int64(1))
+	require.Contains(t, res.FirstViolation, "holders of k0, limit 1")
+}
+
+// Processes share the holder count through the file; two mappings in one
+// process see each other's counts the same way.
+func TestHoldersShareAcrossMappings(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "holders")
+	require.NoError(t, CreateHoldersFile(path, 3))
+	require.Error(t, CreateHoldersFile(path, 3), "a run never reuses a holder file")
+	a, err := OpenHolders(path, 3, 1)
+	require.NoError(t, err)
+	b, err := OpenHolders(path, 3, 1)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		require.NoError(t, a.Close())
+		require.NoError(t, b.Close())
+	})
+	n, over := a.Acquire(2)
+	require.Equal(t, int64(1), n)
+	require.False(t, over)
+	n, over = b.Acquire(2)
+	require.Equal(t, int64(2), n)
+	require.True(t, over)
+	b.Drop(2)
+	n, over = a.Acquire(1)
+	require.Equal(t, int64(1), n, "keys count apart")
+	require.False(t, over)
+	_, err = OpenHolders(filepath.Join(t.TempDir(), "missing"), 3, 1)
+	require.Error(t, err)
+}
+
+func TestSpecValidate(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		edit func(*Spec)
+		ok   bool
+	}{
+		{"valid", func(*Spec) {}, true},
+		{"no keys", func(s *Spec) { s.Keys = 0 }, false},
+		{"limit 0", func(s *Spec) { s.Limit = 0 }, false},
+		{"more candidates than keys", func(s *Spec) { s.Candidates = 2 }, false},
+		{"no workers", func(s *Spec) { s.Workers = 0 }, false},
+		{"no duration", func(s *Spec) { s.Duration = 0 }, false},
+		{"crash share above 1", func(s *Spec) { s.CrashShare = 1.5 }, false},
+		{"ttl under 1ms", func(s *Spec) { s.TTL = time.Microsecond }, false},
+		{"unknown choice", func(s *Spec) { s.Choice = "pareto" }, false},
+		{"unknown order", func(s *Spec) { s.Order = "sorted" }, false},
+		{"unknown hold distribution", func(s *Spec) { s.HoldDist = "normal" }, false},
+		{"negative rate", func(s *Spec) { s.Rate = -1 }, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := spec()
+			tc.edit(&s)
+			err := s.Validate()
+			if tc.ok {
+				require.NoError(t, err)
+				return
+			}
+			require.Error(t, err)
+			_, err = Run(context.Background(), newMemStore(), s, NewHolders(1, 1), 1)
+			require.Error(t, err, "Run refuses it too")
+		})
+	}
+}
