@@ -18,7 +18,12 @@ import (
 // Each candidate is read under WATCH (one round trip: WATCH, TIME, the key
 // HASH, the lease ZSET) and, if it has room, claimed in one MULTI that prunes
 // its expired leases, adds the lease and its record, and marks the key
-// available. A conflict re-reads the same candidate after a backoff.
+// available. A conflict means another allocator just committed on that key:
+// it is read again at once, since it may still have room; aborted twice, it
+// is set aside and the next candidates are tried. Only when every candidate
+// left was set aside does the call pause (jittered backoff) and go over
+// them again, in order. On a hot key this keeps callers moving to keys with
+// room instead of sleeping on the one they all want.
 //
 // On any error no lease is held, except that after a lost EXEC reply whose
 // recheck also failed a lease may exist; it expires by itself after TTL.
@@ -29,8 +34,8 @@ func (s *Store) Allocate(ctx context.Context, req AllocateRequest) (Lease, Stats
 	}
 	// One lease id per call: if an EXEC reply is lost, the next read finds
 	// this id and returns the same lease instead of taking a second slot.
-	a := allocation{Store: s, req: req, leaseID: uuid.NewString(), stats: &st}
-	err := s.retry(ctx, func() error { return a.next(ctx) })
+	a := allocation{Store: s, req: req, leaseID: uuid.NewString(), stats: &st, todo: req.Candidates}
+	err := s.retry(ctx, func() error { return a.pass(ctx) })
 	if err != nil {
 		return Lease{}, st, Classify(ctx, "allocate", err)
 	}
@@ -49,40 +54,61 @@ func (req AllocateRequest) Validate() error {
 	return CheckTTL(req.TTL)
 }
 
-// allocation is the state one Allocate call keeps across retries.
+// allocation is the state one Allocate call keeps across passes.
 type allocation struct {
 	*Store
 	req     AllocateRequest
 	leaseID string
 	stats   *Stats
 
-	cand    int   // index of the candidate being tried; earlier ones were skipped
-	free    int64 // earliest free-up (ms) among skipped candidates, 0 if none
-	pending bool  // an EXEC with leaseID may have committed on req.Candidates[cand]
+	todo    []string // candidates for the next pass, in order
+	free    int64    // earliest free-up (ms) among skipped candidates, 0 if none
+	pending string   // candidate on which an EXEC with leaseID may have committed
 	lease   Lease
 }
 
-// next tries the candidates from a.cand on. It returns nil with a.lease set,
-// a *CapacityError, or the error that stopped it (a conflict is retried on
-// the same candidate).
-func (a *allocation) next(ctx context.Context) error {
-	for ; a.cand < len(a.req.Candidates); a.cand++ {
-		a.stats.Attempts++
-		granted, err := a.try(ctx, a.req.Candidates[a.cand])
+// pass tries a.todo in order. It returns nil with a.lease set, a
+// *CapacityError when every candidate was full or unusable, or
+// redis.TxFailedErr / errRecheck to pause and try a.todo again: the
+// candidates set aside after conflicts, or first the one whose EXEC reply
+// was lost, so that it is rechecked before any other can grant.
+func (a *allocation) pass(ctx context.Context) error {
+	var aside []string
+	for i, keyID := range a.todo {
+		granted, err := a.try(ctx, keyID)
 		if errors.Is(err, redis.TxFailedErr) {
-			a.stats.Conflicts++
+			// Someone just committed on this key; it may still have room.
+			granted, err = a.try(ctx, keyID)
 		}
-		if err != nil || granted {
+		switch {
+		case granted:
+			return nil
+		case errors.Is(err, errRecheck):
+			a.todo = append(append([]string{keyID}, aside...), a.todo[i+1:]...)
+			return err
+		case errors.Is(err, redis.TxFailedErr):
+			aside = append(aside, keyID)
+		case err != nil:
 			return err
 		}
+	}
+	if a.todo = aside; len(aside) > 0 {
+		return redis.TxFailedErr
 	}
 	return &CapacityError{FreeAt: fromMillis(a.free)}
 }
 
 // try reads one candidate under WATCH and claims a slot if it has one.
 func (a *allocation) try(ctx context.Context, keyID string) (granted bool, err error) {
+	a.stats.Attempts++
+	defer func() {
+		if errors.Is(err, redis.TxFailedErr) {
+			a.stats.Conflicts++
+		}
+	}()
 	keyKey, leasesKey := a.keys.Key(keyID), a.keys.Leases(keyID)
 	recordKey := a.keys.Lease(keyID, a.leaseID)
+	recheck := a.pending == keyID
 	err = a.watch(ctx, []string{keyKey, leasesKey}, func(t *txn) error {
 		var (
 			clock  *redis.TimeCmd
@@ -94,7 +120,7 @@ func (a *allocation) try(ctx context.Context, keyID string) (granted bool, err e
 			clock = p.Time(ctx)
 			hash = p.HMGet(ctx, keyKey, keyFields...)
 			leases = p.ZRangeWithScores(ctx, leasesKey, 0, -1)
-			if a.pending {
+			if recheck {
 				fence = p.HGet(ctx, recordKey, fieldFence)
 			}
 		})
@@ -104,8 +130,8 @@ func (a *allocation) try(ctx context.Context, keyID string) (granted bool, err e
 		now := clock.Val().UnixMilli()
 		k := parseKey(hash.Val())
 		ls := splitLeases(leases.Val(), now)
-		if a.pending {
-			a.pending = false
+		if recheck {
+			a.pending = ""
 			if until, ok := liveScore(leases.Val(), a.leaseID, now); ok {
 				// The EXEC whose reply was lost did commit: hand out that lease.
 				f, _ := fence.Int64()
@@ -145,7 +171,7 @@ func (a *allocation) try(ctx context.Context, keyID string) (granted bool, err e
 		if err != nil {
 			var rerr redis.Error
 			if !errors.As(err, &rerr) && ctx.Err() == nil {
-				a.pending = true
+				a.pending = keyID
 				return fmt.Errorf("%w: %w", errRecheck, err)
 			}
 			return err

@@ -17,9 +17,11 @@
 //  2. MULTI: prune the expired leases and their records, ZADD the lease,
 //     write its record, mark the key available; EXEC.
 //
-// An aborted EXEC is a conflict: the same candidate is read again after a
-// jittered exponential backoff, bounded by Options.MaxConflicts and
-// Options.MaxElapsed. Pruning happens only inside MULTI, since a write on
+// An aborted EXEC is a conflict: the candidate is read again at once, and
+// after a second conflict set aside while the next candidates are tried;
+// only when all that are left were set aside does the call pause (jittered
+// exponential backoff, bounded by Options.MaxRetries and
+// Options.MaxElapsed) and try them again. Pruning happens only inside MULTI, since a write on
 // our own connection between WATCH and EXEC would abort our own EXEC. Time
 // is Redis TIME in milliseconds, so allocators with skewed clocks agree.
 //

@@ -15,7 +15,7 @@ var errRecheck = errors.New("optimistic: commit outcome unknown")
 
 // retry runs op until it returns nil or a permanent error. Aborted commits
 // (redis.TxFailedErr) and errRecheck are retried after a jittered,
-// exponentially growing pause; the budget is MaxConflicts retries and
+// exponentially growing pause; the budget is MaxRetries pauses and
 // MaxElapsed, and ctx ends it early. The policy is built per call because
 // an ExponentialBackOff must not be shared.
 func (s *Store) retry(ctx context.Context, op func() error) error {
@@ -26,7 +26,7 @@ func (s *Store) retry(ctx context.Context, op func() error) error {
 		backoff.WithMultiplier(2),
 		backoff.WithRandomizationFactor(0.5),
 	)
-	policy := backoff.WithContext(backoff.WithMaxRetries(b, uint64(s.opts.MaxConflicts)), ctx)
+	policy := backoff.WithContext(backoff.WithMaxRetries(b, uint64(s.opts.MaxRetries)), ctx)
 	var last error
 	err := backoff.Retry(func() error {
 		last = op()

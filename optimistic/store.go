@@ -156,16 +156,18 @@ type Options struct {
 	// default: "credpool"
 	Prefix string
 
-	// MaxConflicts bounds the aborted commits retried in one Allocate,
-	// Renew, DeleteKey or ClearLeases call, over all candidates.
+	// MaxRetries bounds the pauses in one Allocate (or Renew, DeleteKey,
+	// ClearLeases) call. Allocate pauses only when every candidate left had
+	// its commit aborted twice in a row; it then tries those again.
 	//
 	// default: 10
-	MaxConflicts int
+	MaxRetries int
 
-	// MinBackoff is the first pause after a conflict; later pauses grow
-	// by 2x with ±50% jitter.
+	// MinBackoff is the first pause; later pauses grow by 2x with ±50%
+	// jitter. A short first pause serves a key of several slots; the long
+	// tail throttles a herd on one hot key.
 	//
-	// default: 1ms
+	// default: 200µs
 	MinBackoff time.Duration
 
 	// MaxBackoff caps one pause.
@@ -194,11 +196,11 @@ func (o *Options) withDefaults() Options {
 	if out.Prefix == "" {
 		out.Prefix = "credpool"
 	}
-	if out.MaxConflicts <= 0 {
-		out.MaxConflicts = 10
+	if out.MaxRetries <= 0 {
+		out.MaxRetries = 10
 	}
 	if out.MinBackoff <= 0 {
-		out.MinBackoff = time.Millisecond
+		out.MinBackoff = 200 * time.Microsecond
 	}
 	if out.MaxBackoff <= 0 {
 		out.MaxBackoff = 64 * time.Millisecond

@@ -3,7 +3,9 @@ package test
 import (
 	"bytes"
 	"context"
+	"database/sql"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -35,6 +37,7 @@ const (
 // a real lease store.
 type service struct {
 	url   string
+	db    *sql.DB           // the catalog's file (and the SQLite store's)
 	redis *redistest.Server // nil for the SQLite store
 	cat   *catalog.SQL
 	store optimistic.LeaseStore
@@ -75,6 +78,16 @@ func (c catalogHook) Get(ctx context.Context, id string) (catalog.Key, error) {
 type serviceOptions struct {
 	sqlite    bool
 	beforeGet func(id string)
+	// wrap, if set, wraps the lease store the broker uses, to inject faults.
+	wrap func(optimistic.LeaseStore) optimistic.LeaseStore
+}
+
+// contendedStore is a fault: every Allocate comes back as if the store's
+// conflict retries had run out.
+type contendedStore struct{ optimistic.LeaseStore }
+
+func (contendedStore) Allocate(context.Context, optimistic.AllocateRequest) (optimistic.Lease, optimistic.Stats, error) {
+	return optimistic.Lease{}, optimistic.Stats{Attempts: 11, Conflicts: 11}, fmt.Errorf("%w: allocate", optimistic.ErrContended)
 }
 
 func startService(t *testing.T, o serviceOptions) *service {
@@ -85,7 +98,7 @@ func startService(t *testing.T, o serviceOptions) *service {
 	t.Cleanup(func() { _ = db.Close() })
 	cat, err := catalog.New(ctx, db)
 	require.NoError(t, err)
-	s := &service{cat: cat, logs: &syncBuffer{}}
+	s := &service{db: db, cat: cat, logs: &syncBuffer{}}
 	name := "sqlite"
 	var requests broker.RequestLog
 	if o.sqlite {
@@ -100,8 +113,12 @@ func startService(t *testing.T, o serviceOptions) *service {
 		s.store, requests = store, store.Requests()
 	}
 	log := slog.New(slog.NewJSONHandler(s.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	leases := s.store
+	if o.wrap != nil {
+		leases = o.wrap(leases)
+	}
 	h, err := handlers.New(handlers.Config{
-		Service:     broker.New(catalogHook{SQL: cat, beforeGet: o.beforeGet}, s.store, &broker.Options{Requests: requests, Logger: log}),
+		Service:     broker.New(catalogHook{SQL: cat, beforeGet: o.beforeGet}, leases, &broker.Options{Requests: requests, Logger: log}),
 		Admin:       broker.NewAdmin(cat, s.store),
 		InternalKey: internalKey,
 		AdminKey:    adminKey,
@@ -366,6 +383,27 @@ func TestHTTPStoreDownIs503(t *testing.T) {
 	require.Equal(t, http.StatusServiceUnavailable, code)
 	require.Equal(t, "redis", out["store"])
 	require.Equal(t, "store_unavailable", out["error"], "readyz names the failing part, not its address")
+}
+
+func TestHTTPContendedIs429(t *testing.T) {
+	s := startService(t, serviceOptions{wrap: func(l optimistic.LeaseStore) optimistic.LeaseStore { return contendedStore{l} }})
+	s.putKey(t, "k", "default", 1, nil)
+	code, h, out := s.internal(t, "allocate-key", allocBody("default"))
+	require.Equal(t, http.StatusTooManyRequests, code)
+	require.Equal(t, "contended", errCode(out))
+	require.Equal(t, "1", h.Get("Retry-After"))
+}
+
+func TestHTTPCatalogDownIs503(t *testing.T) {
+	s := startService(t, serviceOptions{})
+	s.putKey(t, "k", "default", 1, nil)
+	require.NoError(t, s.db.Close())
+	code, _, out := s.internal(t, "allocate-key", allocBody("default"))
+	require.Equal(t, http.StatusServiceUnavailable, code)
+	require.Equal(t, "catalog_unavailable", errCode(out))
+	code, _, out = s.call(t, http.MethodGet, "/readyz", "", "", nil)
+	require.Equal(t, http.StatusServiceUnavailable, code)
+	require.Equal(t, "catalog_unavailable", out["error"])
 }
 
 func TestHTTPPoolFallbackIsOneWay(t *testing.T) {

@@ -143,6 +143,32 @@ func TestSQLiteReadOnlyFileIsStoreError(t *testing.T) {
 	require.Zero(t, infos[0].Live)
 }
 
+// A corrupt file is a store failure, never "full" or "contended".
+func TestSQLiteCorruptFileIsStoreError(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "leases.db")
+	db, err := sqlitestore.Open(path)
+	require.NoError(t, err)
+	store := newSQLiteStore(t, db, nil)
+	require.NoError(t, store.SyncKey(context.Background(), optimistic.Key{
+		ID: "k", Provider: "openai", Pool: "default", Status: optimistic.StatusAvailable, MaxConcurrentUses: 1,
+	}))
+	require.NoError(t, db.Close())
+
+	// Keep page 1 (header and schema), overwrite every table page.
+	raw, err := os.ReadFile(path)
+	require.NoError(t, err)
+	require.Greater(t, len(raw), 4096)
+	for i := 4096; i < len(raw); i++ {
+		raw[i] = 0xA5
+	}
+	require.NoError(t, os.WriteFile(path, raw, 0o600))
+
+	_, err = sqlitestore.New(openSQLite(t, path), nil)
+	require.ErrorIs(t, err, optimistic.ErrStore)
+	require.NotErrorIs(t, err, optimistic.ErrNoCapacity)
+	require.NotErrorIs(t, err, optimistic.ErrContended)
+}
+
 // A file whose write lock another connection keeps is contended, not full:
 // the store retries within its budget and then says so.
 func TestSQLiteLockedFileIsContended(t *testing.T) {
