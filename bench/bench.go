@@ -191,9 +191,9 @@ func (h *harness) run(ctx context.Context, cellIndex int, cell Cell, s Strategy)
 		if err := snapshot(); err != nil {
 			return report.Run{}, err
 		}
-		trips = -c.roundTrips.n.Load()
+		trips = -c.roundTrips.Total()
 		res, err = workload.Run(ctx, c.store, spec, holders, seed)
-		trips += c.roundTrips.n.Load()
+		trips += c.roundTrips.Total()
 	} else {
 		path := filepath.Join(h.tmp, fmt.Sprintf("holders-%d", h.runs))
 		if err := workload.CreateHoldersFile(path, spec.Keys); err != nil {

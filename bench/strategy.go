@@ -1,18 +1,17 @@
 package bench
 
 import (
-	"context"
 	"database/sql"
 	"fmt"
 	"slices"
 	"strings"
-	"sync/atomic"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/credpool/credpool/bench/baseline"
 	"github.com/credpool/credpool/optimistic"
 	"github.com/credpool/credpool/optimistic/sqlitestore"
+	"github.com/credpool/credpool/test/redistest"
 )
 
 // Strategy is a kind of lease store the harness measures.
@@ -91,13 +90,13 @@ type conn struct {
 	target Target
 	// roundTrips counts requests sent to Redis: a command or a whole
 	// pipeline is one. Zero for SQLite.
-	roundTrips *roundTrips
+	roundTrips *redistest.RoundTrips
 	close      func() error
 }
 
 // open connects to l and opens s's store there.
 func (l location) open(s Strategy) (*conn, error) {
-	c := &conn{roundTrips: &roundTrips{}}
+	c := &conn{roundTrips: &redistest.RoundTrips{}}
 	if s.Redis {
 		opt, err := redis.ParseURL(l.RedisURL)
 		if err != nil {
@@ -121,24 +120,4 @@ func (l location) open(s Strategy) (*conn, error) {
 	}
 	c.store = store
 	return c, nil
-}
-
-// roundTrips is a go-redis hook counting requests; transactions created
-// from the client inherit it. It is safe for concurrent use.
-type roundTrips struct{ n atomic.Int64 }
-
-func (r *roundTrips) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (r *roundTrips) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		r.n.Add(1)
-		return next(ctx, cmd)
-	}
-}
-
-func (r *roundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		r.n.Add(1)
-		return next(ctx, cmds)
-	}
 }

@@ -87,12 +87,12 @@ func work(ctx context.Context, j job, dec *json.Decoder, enc *json.Encoder, stra
 	if err := dec.Decode(&start); err != nil || !start.Start {
 		return errors.Join(errors.New("bench worker: no start from the parent"), err)
 	}
-	trips := c.roundTrips.n.Load()
+	trips := c.roundTrips.Total()
 	res, err := workload.Run(ctx, c.store, j.Spec, holders, j.Seed)
 	if err != nil {
 		return err
 	}
-	return enc.Encode(reply{Result: res, RoundTrips: c.roundTrips.n.Load() - trips})
+	return enc.Encode(reply{Result: res, RoundTrips: c.roundTrips.Total() - trips})
 }
 
 // proc is one running worker process, seen from the parent.

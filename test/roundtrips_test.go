@@ -2,7 +2,6 @@ package test
 
 import (
 	"context"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -12,28 +11,6 @@ import (
 	"github.com/credpool/credpool/optimistic"
 	"github.com/credpool/credpool/test/redistest"
 )
-
-// roundTrips counts what a client sends: pipelines (MULTI/EXEC included)
-// and lone commands, each one round trip.
-type roundTrips struct{ pipelines, commands atomic.Int64 }
-
-func (r *roundTrips) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (r *roundTrips) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		r.commands.Add(1)
-		return next(ctx, cmd)
-	}
-}
-
-func (r *roundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		r.pipelines.Add(1)
-		return next(ctx, cmds)
-	}
-}
-
-func (r *roundTrips) reset() { r.pipelines.Store(0); r.commands.Store(0) }
 
 // An uncontended grant is two round trips (WATCH+reads, MULTI..EXEC) with
 // no UNWATCH after EXEC; a skipped candidate costs its read and an UNWATCH.
@@ -56,7 +33,7 @@ func TestAllocateRoundTrips(t *testing.T) {
 		_, _, err = store.Allocate(ctx, req)
 		require.NoError(t, err)
 
-		var rt roundTrips
+		var rt redistest.RoundTrips
 		if cluster {
 			// Transactions run on the node's own client.
 			node, err := rdb.(*redis.ClusterClient).MasterForKey(ctx, "x")
@@ -68,15 +45,15 @@ func TestAllocateRoundTrips(t *testing.T) {
 		req.Candidates = []string{"free"}
 		_, _, err = store.Allocate(ctx, req)
 		require.NoError(t, err)
-		require.Equal(t, int64(2), rt.pipelines.Load(), "cluster=%v: pipelines for one uncontended grant", cluster)
-		require.Zero(t, rt.commands.Load(), "cluster=%v: no lone command (no UNWATCH after EXEC)", cluster)
+		require.Equal(t, int64(2), rt.Pipelines.Load(), "cluster=%v: pipelines for one uncontended grant", cluster)
+		require.Zero(t, rt.Commands.Load(), "cluster=%v: no lone command (no UNWATCH after EXEC)", cluster)
 
-		rt.reset()
+		rt.Reset()
 		req.Candidates = []string{"full", "free"}
 		_, _, err = store.Allocate(ctx, req)
 		require.ErrorIs(t, err, optimistic.ErrNoCapacity)
-		require.Equal(t, int64(2), rt.pipelines.Load(), "cluster=%v: one read per candidate", cluster)
-		require.Equal(t, int64(2), rt.commands.Load(), "cluster=%v: one UNWATCH per skipped candidate", cluster)
+		require.Equal(t, int64(2), rt.Pipelines.Load(), "cluster=%v: one read per candidate", cluster)
+		require.Equal(t, int64(2), rt.Commands.Load(), "cluster=%v: one UNWATCH per skipped candidate", cluster)
 	}
 }
 
