@@ -80,15 +80,19 @@ func (s *SQL) exec(ctx context.Context, query string, args ...any) (sql.Result, 
 
 // write runs op holding the catalog's write token, retrying while busy.
 // SQLite has one writer at a time anyway; queueing our own writers on a
-// channel is fair, where its busy handler polls and can starve one.
+// channel is fair, where its busy handler polls and can starve one. The
+// token is given back during a retry's pause, so one busy episode does not
+// stall every other write of the process.
 func (s *SQL) write(ctx context.Context, op func() error) error {
-	select {
-	case s.writing <- struct{}{}:
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-	defer func() { <-s.writing }()
-	return retry(ctx, op)
+	return retry(ctx, func() error {
+		select {
+		case s.writing <- struct{}{}:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		defer func() { <-s.writing }()
+		return op()
+	})
 }
 
 // fail classifies a database error the way the lease stores do, so one
