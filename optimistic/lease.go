@@ -23,12 +23,16 @@ func (s *Store) Release(ctx context.Context, ref LeaseRef) error {
 		return err
 	}
 	leasesKey, recordKey := s.keys.Leases(ref.KeyID), s.keys.Lease(ref.KeyID, ref.LeaseID)
+	rdb, err := s.owner(ctx, leasesKey)
+	if err != nil {
+		return Classify(ctx, "release", err)
+	}
 	var (
 		clock  *redis.TimeCmd
 		record *redis.SliceCmd
 		score  *redis.FloatCmd
 	)
-	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+	_, err = rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		clock = p.Time(ctx)
 		record = p.HMGet(ctx, recordKey, recordFields...)
 		score = p.ZScore(ctx, leasesKey, ref.LeaseID)
@@ -43,7 +47,7 @@ func (s *Store) Release(ctx context.Context, ref LeaseRef) error {
 	// No WATCH needed: the lease id is unique, so these writes can only hit
 	// this lease. If it expired and was pruned meanwhile, ZREM says so.
 	var removed *redis.IntCmd
-	_, err = s.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+	_, err = rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		p.Del(ctx, recordKey)
 		removed = p.ZRem(ctx, leasesKey, ref.LeaseID)
 		return nil

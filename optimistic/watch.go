@@ -97,3 +97,13 @@ func isRedirect(err error) bool {
 	_, ok := redis.IsAskError(err)
 	return ok
 }
+
+// owner returns the client to send key's commands to: on a cluster, the
+// master of key's slot, so that TIME in the same pipeline is that node's
+// clock, the one Allocate and Renew judge the key's leases by.
+func (s *Store) owner(ctx context.Context, key string) (redis.UniversalClient, error) {
+	if c, ok := s.rdb.(*redis.ClusterClient); ok {
+		return c.MasterForKey(ctx, key)
+	}
+	return s.rdb, nil
+}
