@@ -109,7 +109,7 @@ func (a *allocation) try(ctx context.Context, keyID string) (granted bool, err e
 	keyKey, leasesKey := a.keys.Key(keyID), a.keys.Leases(keyID)
 	recordKey := a.keys.Lease(keyID, a.leaseID)
 	recheck := a.pending == keyID
-	err = a.watch(ctx, []string{keyKey, leasesKey}, func(t *txn) error {
+	err = a.watch(ctx, keyID, []string{keyKey, leasesKey}, func(t *txn) error {
 		var (
 			clock  *redis.TimeCmd
 			hash   *redis.SliceCmd

@@ -17,6 +17,11 @@
 //  2. MULTI: prune the expired leases and their records, ZADD the lease,
 //     write its record, mark the key available; EXEC.
 //
+// Within one process, transactions on the same credential take turns (a
+// gate per key id): callers of one process that pile onto a hot key queue
+// instead of aborting each other's EXECs, which leaves conflicts to other
+// processes.
+//
 // An aborted EXEC is a conflict: the candidate is read again at once, and
 // after a second conflict set aside while the next candidates are tried;
 // only when all that are left were set aside does the call pause (jittered

@@ -3,6 +3,7 @@ package optimistic
 import (
 	"context"
 	"errors"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -222,6 +223,8 @@ type Store struct {
 	rdb  redis.UniversalClient
 	opts Options
 	keys Schema
+	// gates maps a key id to a chan struct{} of capacity 1: see gate.
+	gates sync.Map
 }
 
 // New returns a Store over rdb: a standalone, Sentinel (failover) or Cluster
