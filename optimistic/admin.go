@@ -96,8 +96,13 @@ func (s *Store) ClearLeases(ctx context.Context, keyID string) (int, error) {
 // of leases removed.
 func (s *Store) dropLeases(ctx context.Context, keyID string, withKey bool) (int, error) {
 	keyKey, leasesKey := s.keys.Key(keyID), s.keys.Leases(keyID)
+	release, err := s.enter(ctx, keyID, true)
+	if err != nil {
+		return 0, err
+	}
+	defer release()
 	var ids []string
-	err := s.watch(ctx, keyID, []string{keyKey, leasesKey}, func(t *txn) error {
+	err = s.watch(ctx, []string{keyKey, leasesKey}, func(t *txn) error {
 		var leases *redis.StringSliceCmd
 		err := t.read(ctx, func(p redis.Pipeliner) {
 			leases = p.ZRange(ctx, leasesKey, 0, -1)

@@ -67,24 +67,42 @@ type allocation struct {
 	lease   Lease
 }
 
-// pass tries a.todo in order. It returns nil with a.lease set, a
-// *CapacityError when every candidate was full or unusable, or
+// pass tries a.todo in order. A candidate that another call of this
+// process is working on right now (its gate is taken) is tried after all
+// the others, waiting for its turn then. It returns nil with a.lease set,
+// a *CapacityError when every candidate was full or unusable, or
 // redis.TxFailedErr / errRecheck to pause and try a.todo again: the
 // candidates set aside after conflicts, or first the one whose EXEC reply
 // was lost, so that it is rechecked before any other can grant.
 func (a *allocation) pass(ctx context.Context) error {
+	type step struct {
+		keyID string
+		wait  bool // for the gate; else skip the key while it is taken
+	}
+	queue := make([]step, len(a.todo))
+	for i, id := range a.todo {
+		queue[i] = step{keyID: id}
+	}
 	var aside []string
-	for i, keyID := range a.todo {
-		granted, err := a.try(ctx, keyID)
+	for i := 0; i < len(queue); i++ {
+		keyID := queue[i].keyID
+		granted, err := a.try(ctx, keyID, queue[i].wait)
+		if errors.Is(err, errGateBusy) {
+			queue = append(queue, step{keyID: keyID, wait: true})
+			continue
+		}
 		if errors.Is(err, redis.TxFailedErr) {
 			// Someone just committed on this key; it may still have room.
-			granted, err = a.try(ctx, keyID)
+			granted, err = a.try(ctx, keyID, true)
 		}
 		switch {
 		case granted:
 			return nil
 		case errors.Is(err, errRecheck):
-			a.todo = append(append([]string{keyID}, aside...), a.todo[i+1:]...)
+			a.todo = append([]string{keyID}, aside...)
+			for _, st := range queue[i+1:] {
+				a.todo = append(a.todo, st.keyID)
+			}
 			return err
 		case errors.Is(err, redis.TxFailedErr):
 			aside = append(aside, keyID)
@@ -99,7 +117,14 @@ func (a *allocation) pass(ctx context.Context) error {
 }
 
 // try reads one candidate under WATCH and claims a slot if it has one.
-func (a *allocation) try(ctx context.Context, keyID string) (granted bool, err error) {
+// Unless wait, it returns errGateBusy at once, having done nothing, if
+// another call of this process holds the key's gate.
+func (a *allocation) try(ctx context.Context, keyID string, wait bool) (granted bool, err error) {
+	release, err := a.enter(ctx, keyID, wait)
+	if err != nil {
+		return false, err
+	}
+	defer release()
 	a.stats.Attempts++
 	defer func() {
 		if errors.Is(err, redis.TxFailedErr) {
@@ -109,7 +134,7 @@ func (a *allocation) try(ctx context.Context, keyID string) (granted bool, err e
 	keyKey, leasesKey := a.keys.Key(keyID), a.keys.Leases(keyID)
 	recordKey := a.keys.Lease(keyID, a.leaseID)
 	recheck := a.pending == keyID
-	err = a.watch(ctx, keyID, []string{keyKey, leasesKey}, func(t *txn) error {
+	err = a.watch(ctx, []string{keyKey, leasesKey}, func(t *txn) error {
 		var (
 			clock  *redis.TimeCmd
 			hash   *redis.SliceCmd

@@ -77,7 +77,12 @@ func (s *Store) Renew(ctx context.Context, ref LeaseRef, ttl time.Duration) (tim
 	err := s.retry(ctx, func() error {
 		// Watch the lease ZSET only: a prune or release of this lease writes
 		// it, and the key HASH has nothing renew depends on.
-		return s.watch(ctx, ref.KeyID, []string{leasesKey}, func(t *txn) error {
+		release, err := s.enter(ctx, ref.KeyID, true)
+		if err != nil {
+			return err
+		}
+		defer release()
+		return s.watch(ctx, []string{leasesKey}, func(t *txn) error {
 			var (
 				clock  *redis.TimeCmd
 				record *redis.SliceCmd

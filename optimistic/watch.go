@@ -49,7 +49,8 @@ func (t *txn) commit(ctx context.Context, fn func(p redis.Pipeliner)) error {
 	return err
 }
 
-// watch runs fn in a transaction watching keys, all of credential keyID.
+// watch runs fn in a transaction watching keys (all in one slot). The
+// caller holds the credential's gate.
 //
 // go-redis's Watch(ctx, fn, keys...) sends WATCH in a round trip of its own.
 // For standalone, Sentinel and Cluster clients we send WATCH in the same
@@ -57,12 +58,7 @@ func (t *txn) commit(ctx context.Context, fn func(p redis.Pipeliner)) error {
 // attempt. Other clients (Ring, wrappers), and a cluster slot that just
 // moved, fall back to go-redis's Watch, which follows redirects. fn must
 // have no side effects outside the transaction: it may run again.
-func (s *Store) watch(ctx context.Context, keyID string, keys []string, fn func(*txn) error) error {
-	release, err := s.gate(ctx, keyID)
-	if err != nil {
-		return err
-	}
-	defer release()
+func (s *Store) watch(ctx context.Context, keys []string, fn func(*txn) error) error {
 	switch c := s.rdb.(type) {
 	case *redis.Client:
 		return armedWatch(ctx, c, keys, fn)
@@ -113,20 +109,33 @@ func (s *Store) owner(ctx context.Context, key string) (redis.UniversalClient, e
 	return s.rdb, nil
 }
 
-// gate lets one transaction per credential run at a time in this process.
-// Callers of one process that pile onto a hot key would otherwise abort
-// each other's EXECs (every grant and release changes what all of them
-// watch); queued here, they commit in turn, and conflicts are left to
-// other processes. Waiting holds no pooled connection.
-func (s *Store) gate(ctx context.Context, keyID string) (release func(), err error) {
+// errGateBusy says another call of this process holds the key's gate.
+var errGateBusy = errors.New("optimistic: key busy in this process")
+
+// enter takes keyID's gate: one transaction per credential at a time in
+// this process. Callers of one process that pile onto a hot key would
+// otherwise abort each other's EXECs (every grant and release changes what
+// all of them watch); queued here, they commit in turn, and conflicts are
+// left to other processes. If wait is false and the gate is taken, it
+// returns errGateBusy at once. Waiting holds no pooled connection.
+func (s *Store) enter(ctx context.Context, keyID string, wait bool) (release func(), err error) {
 	g, ok := s.gates.Load(keyID)
 	if !ok {
 		g, _ = s.gates.LoadOrStore(keyID, make(chan struct{}, 1))
 	}
 	ch := g.(chan struct{})
+	release = func() { <-ch }
+	if !wait {
+		select {
+		case ch <- struct{}{}:
+			return release, nil
+		default:
+			return nil, errGateBusy
+		}
+	}
 	select {
 	case ch <- struct{}{}:
-		return func() { <-ch }, nil
+		return release, nil
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
