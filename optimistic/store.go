@@ -223,7 +223,9 @@ type Store struct {
 	rdb  redis.UniversalClient
 	opts Options
 	keys Schema
-	// gates maps a key id to a chan struct{} of capacity 1: see gate.
+	// gates maps every key id the store has touched to a chan struct{} of
+	// capacity 1, its turn in this process (see enter): a few dozen bytes
+	// per key, kept for the store's life.
 	gates sync.Map
 }
 
