@@ -25,8 +25,13 @@ import (
 // them again, in order. On a hot key this keeps callers moving to keys with
 // room instead of sleeping on the one they all want.
 //
-// On any error no lease is held, except that after a lost EXEC reply whose
-// recheck also failed a lease may exist; it expires by itself after TTL.
+// Under concurrency the order is a preference: a candidate that another
+// call of this process is working on, or that keeps aborting, is tried
+// after the rest.
+//
+// On error no lease is held, except when an EXEC's outcome is unknown
+// (its reply was lost, or ctx ended during it) and no recheck could settle
+// it before the call ended: such a lease expires by itself after TTL.
 func (s *Store) Allocate(ctx context.Context, req AllocateRequest) (Lease, Stats, error) {
 	var st Stats
 	if err := req.Validate(); err != nil {
@@ -34,7 +39,7 @@ func (s *Store) Allocate(ctx context.Context, req AllocateRequest) (Lease, Stats
 	}
 	// One lease id per call: if an EXEC reply is lost, the next read finds
 	// this id and returns the same lease instead of taking a second slot.
-	a := allocation{Store: s, req: req, leaseID: uuid.NewString(), stats: &st, todo: req.Candidates}
+	a := allocation{Store: s, req: req, leaseID: uuid.NewString(), stats: &st, todo: distinct(req.Candidates)}
 	err := s.retry(ctx, func() error { return a.pass(ctx) })
 	if err != nil {
 		return Lease{}, st, Classify(ctx, "allocate", err)
@@ -81,7 +86,9 @@ func (a *allocation) pass(ctx context.Context) error {
 	}
 	queue := make([]step, len(a.todo))
 	for i, id := range a.todo {
-		queue[i] = step{keyID: id}
+		// A key whose EXEC reply was lost is waited for, never skipped:
+		// no other key may grant before it is rechecked.
+		queue[i] = step{keyID: id, wait: id == a.pending}
 	}
 	var aside []string
 	for i := 0; i < len(queue); i++ {
@@ -133,37 +140,38 @@ func (a *allocation) try(ctx context.Context, keyID string, wait bool) (granted 
 	}()
 	keyKey, leasesKey := a.keys.Key(keyID), a.keys.Leases(keyID)
 	recordKey := a.keys.Lease(keyID, a.leaseID)
-	recheck := a.pending == keyID
 	err = a.watch(ctx, []string{keyKey, leasesKey}, func(t *txn) error {
 		var (
 			clock  *redis.TimeCmd
 			hash   *redis.SliceCmd
 			leases *redis.ZSliceCmd
-			fence  *redis.StringCmd
 		)
 		err := t.read(ctx, func(p redis.Pipeliner) {
 			clock = p.Time(ctx)
 			hash = p.HMGet(ctx, keyKey, keyFields...)
 			leases = p.ZRangeWithScores(ctx, leasesKey, 0, -1)
-			if recheck {
-				fence = p.HGet(ctx, recordKey, fieldFence)
-			}
 		})
-		if err != nil && !errors.Is(err, redis.Nil) {
+		if err != nil {
 			return err
 		}
 		now := clock.Val().UnixMilli()
 		k := parseKey(hash.Val())
 		ls := splitLeases(leases.Val(), now)
-		if recheck {
-			a.pending = ""
-			if until, ok := liveScore(leases.Val(), a.leaseID, now); ok {
-				// The EXEC whose reply was lost did commit: hand out that lease.
-				f, _ := fence.Int64()
-				a.grant(keyID, until, f)
-				granted = true
-				return nil
+		if until, ok := liveScore(leases.Val(), a.leaseID, now); ok {
+			// An EXEC of this call whose reply was lost did commit: hand
+			// out that lease (its fence is in its record; a rare extra
+			// read).
+			fence, err := t.tx.HGet(ctx, recordKey, fieldFence).Int64()
+			if err != nil {
+				return err
 			}
+			a.pending = ""
+			a.grant(keyID, until, fence)
+			granted = true
+			return nil
+		}
+		if a.pending == keyID {
+			a.pending = ""
 		}
 		if !k.member(a.req.Provider, a.req.Pool) {
 			return nil
@@ -215,4 +223,17 @@ func (a *allocation) grant(keyID string, until, fence int64) {
 		Until:    fromMillis(until),
 		Fence:    fence,
 	}
+}
+
+// distinct returns ids without repeats, in first-seen order.
+func distinct(ids []string) []string {
+	seen := make(map[string]bool, len(ids))
+	out := make([]string, 0, len(ids))
+	for _, id := range ids {
+		if !seen[id] {
+			seen[id] = true
+			out = append(out, id)
+		}
+	}
+	return out
 }

@@ -17,11 +17,10 @@
 //  2. MULTI: prune the expired leases and their records, ZADD the lease,
 //     write its record, mark the key available; EXEC.
 //
-// Within one process, transactions on the same credential take turns (a
-// gate per key id): callers of one process that pile onto a hot key take
-// turns instead of aborting each other's EXECs, which leaves conflicts to
-// other processes. A caller that finds a candidate's gate taken tries the
-// other candidates first and waits for that one last.
+// Within one process, allocations on the same credential take turns (a
+// gate per key id), so a process's callers that pile onto a hot key do not
+// abort each other's EXECs. A caller that finds a candidate's gate taken
+// tries the other candidates first and waits for that one last.
 //
 // An aborted EXEC is a conflict: the candidate is read again at once, and
 // after a second conflict set aside while the next candidates are tried;

@@ -22,24 +22,33 @@ func (s *Store) Release(ctx context.Context, ref LeaseRef) error {
 	if err := ref.Validate(); err != nil {
 		return err
 	}
-	leasesKey, recordKey := s.keys.Leases(ref.KeyID), s.keys.Lease(ref.KeyID, ref.LeaseID)
-	rdb, err := s.owner(ctx, leasesKey)
+	rdb, err := s.owner(ctx, s.keys.Leases(ref.KeyID))
 	if err != nil {
 		return Classify(ctx, "release", err)
 	}
+	err = s.release(ctx, rdb, ref)
+	if isRedirect(err) {
+		// The slot moved: let the cluster client follow it.
+		err = s.release(ctx, s.rdb, ref)
+	}
+	return Classify(ctx, "release", err)
+}
+
+func (s *Store) release(ctx context.Context, rdb redis.UniversalClient, ref LeaseRef) error {
+	leasesKey, recordKey := s.keys.Leases(ref.KeyID), s.keys.Lease(ref.KeyID, ref.LeaseID)
 	var (
 		clock  *redis.TimeCmd
 		record *redis.SliceCmd
 		score  *redis.FloatCmd
 	)
-	_, err = rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+	_, err := rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		clock = p.Time(ctx)
 		record = p.HMGet(ctx, recordKey, recordFields...)
 		score = p.ZScore(ctx, leasesKey, ref.LeaseID)
 		return nil
 	})
 	if err != nil && !errors.Is(err, redis.Nil) {
-		return Classify(ctx, "release", err)
+		return err
 	}
 	if err := checkHolder(ref, record.Val(), score, clock.Val().UnixMilli()); err != nil {
 		return err
@@ -53,7 +62,7 @@ func (s *Store) Release(ctx context.Context, ref LeaseRef) error {
 		return nil
 	})
 	if err != nil {
-		return Classify(ctx, "release", err)
+		return err
 	}
 	if removed.Val() == 0 {
 		return fmt.Errorf("%w: lease %s expired", ErrLeaseLost, ref.LeaseID)
@@ -64,7 +73,8 @@ func (s *Store) Release(ctx context.Context, ref LeaseRef) error {
 // Renew moves a live lease's expiry to now+ttl (store clock) and returns it.
 // A lease that expired, was released or pruned, or does not match is lost
 // (ErrLeaseLost, ErrLeaseMismatch) and is never recreated. On error nothing
-// is written.
+// is written. Renew does not take the key's gate (see Allocate): a
+// heartbeat never queues behind this process's allocations.
 func (s *Store) Renew(ctx context.Context, ref LeaseRef, ttl time.Duration) (time.Time, error) {
 	if err := ref.Validate(); err != nil {
 		return time.Time{}, err
@@ -77,11 +87,6 @@ func (s *Store) Renew(ctx context.Context, ref LeaseRef, ttl time.Duration) (tim
 	err := s.retry(ctx, func() error {
 		// Watch the lease ZSET only: a prune or release of this lease writes
 		// it, and the key HASH has nothing renew depends on.
-		release, err := s.enter(ctx, ref.KeyID, true)
-		if err != nil {
-			return err
-		}
-		defer release()
 		return s.watch(ctx, []string{leasesKey}, func(t *txn) error {
 			var (
 				clock  *redis.TimeCmd

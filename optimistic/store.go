@@ -158,8 +158,9 @@ type Options struct {
 	Prefix string
 
 	// MaxRetries bounds the pauses in one Allocate (or Renew, DeleteKey,
-	// ClearLeases) call. Allocate pauses only when every candidate left had
-	// its commit aborted twice in a row; it then tries those again.
+	// ClearLeases) call. Allocate pauses when every candidate left had its
+	// commit aborted twice in a row, or after an EXEC whose reply was lost;
+	// it then tries those candidates again.
 	//
 	// default: 10
 	MaxRetries int
@@ -176,7 +177,9 @@ type Options struct {
 	// default: 64ms
 	MaxBackoff time.Duration
 
-	// MaxElapsed bounds the time one call spends retrying conflicts.
+	// MaxElapsed bounds the time one call spends retrying conflicts; it is
+	// checked at each pause. Waiting for a key's turn within a pass is
+	// bounded by ctx alone.
 	//
 	// default: 2s
 	MaxElapsed time.Duration

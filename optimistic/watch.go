@@ -112,12 +112,13 @@ func (s *Store) owner(ctx context.Context, key string) (redis.UniversalClient, e
 // errGateBusy says another call of this process holds the key's gate.
 var errGateBusy = errors.New("optimistic: key busy in this process")
 
-// enter takes keyID's gate: one transaction per credential at a time in
-// this process. Callers of one process that pile onto a hot key would
-// otherwise abort each other's EXECs (every grant and release changes what
-// all of them watch); queued here, they commit in turn, and conflicts are
-// left to other processes. If wait is false and the gate is taken, it
-// returns errGateBusy at once. Waiting holds no pooled connection.
+// enter takes keyID's gate: one allocation (or admin drop) per credential
+// at a time in this process. Allocations of one process that pile onto a
+// hot key would otherwise abort each other's EXECs; queued here they
+// commit in turn, and what still aborts them is other processes and
+// releases, renewals and syncs, which do not queue. If wait is false and
+// the gate is taken, it returns errGateBusy at once. Waiting holds no
+// pooled connection and ends with ctx.
 func (s *Store) enter(ctx context.Context, keyID string, wait bool) (release func(), err error) {
 	g, ok := s.gates.Load(keyID)
 	if !ok {

@@ -1,0 +1,56 @@
+package optimistic
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/credpool/credpool/test/redistest"
+)
+
+// After an EXEC reply is lost on one candidate, no other candidate may
+// grant before that one is rechecked, even while another call of this
+// process holds its gate: one call, one slot.
+func TestLostReplyIsRecheckedBeforeOtherCandidates(t *testing.T) {
+	srv := redistest.Start(t)
+	proxy := redistest.NewProxy(t, srv.Addr)
+	rdb := redis.NewClient(&redis.Options{Addr: proxy.Addr, DialerRetries: 1})
+	t.Cleanup(func() { _ = rdb.Close() })
+	s, err := New(rdb, nil)
+	require.NoError(t, err)
+	ctx := context.Background()
+	for _, id := range []string{"a", "b"} {
+		require.NoError(t, s.SyncKey(ctx, Key{ID: id, Provider: "openai", Pool: "default", Status: StatusAvailable, MaxConcurrentUses: 2}))
+	}
+
+	held := make(chan func())
+	go func() {
+		// Take a's turn the moment its EXEC reply is dropped, and keep it
+		// for a while, as a busy neighbour call would.
+		for proxy.Cuts() == 0 {
+			time.Sleep(50 * time.Microsecond)
+		}
+		release, _ := s.enter(ctx, "a", true)
+		held <- release
+	}()
+	proxy.CutNextExec()
+	done := make(chan error, 1)
+	var lease Lease
+	go func() {
+		var err error
+		lease, _, err = s.Allocate(ctx, AllocateRequest{Provider: "openai", Pool: "default", Candidates: []string{"a", "b"}, TTL: time.Minute})
+		done <- err
+	}()
+	release := <-held
+	time.Sleep(100 * time.Millisecond)
+	release()
+	require.NoError(t, <-done)
+	require.Equal(t, "a", lease.KeyID, "the committed lease on a is the answer")
+	infos, err := s.Inspect(ctx, "a", "b")
+	require.NoError(t, err)
+	require.Equal(t, 1, infos[0].Live)
+	require.Zero(t, infos[1].Live, "no second slot on b")
+}
