@@ -10,10 +10,12 @@ test: redis-server vet
 vet:
 	$(GO) vet ./...
 
-## lint: gofmt and go vet must be clean
+## lint: gofmt, go vet and staticcheck must be clean
+STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 lint: vet
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$out" ]; then echo "gofmt needed on:"; echo "$$out"; exit 1; fi
+	$(GO) run $(STATICCHECK) ./...
 
 fmt:
 	gofmt -w $$(git ls-files '*.go')
