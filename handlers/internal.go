@@ -167,12 +167,7 @@ func (a internalAPI) renew(c *gin.Context) {
 		return
 	}
 	until, err := a.svc.Renew(c.Request.Context(), ref, ttl)
-	status, code := "renewed", ""
-	if err != nil {
-		_, code = statusFor(err)
-		status = code
-	}
-	a.m.renewals.WithLabelValues(status).Inc()
+	a.m.renewals.WithLabelValues(resultLabel(err, "renewed")).Inc()
 	if err != nil {
 		failErr(c, err)
 		return

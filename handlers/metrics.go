@@ -79,13 +79,19 @@ func (m *Metrics) Handler() http.Handler {
 }
 
 func (m *Metrics) observeAllocate(err error, st optimistic.Stats, d time.Duration) {
-	result := "granted"
-	if err != nil {
-		_, result = statusFor(err)
-	}
-	m.allocations.WithLabelValues(result).Inc()
+	m.allocations.WithLabelValues(resultLabel(err, "granted")).Inc()
 	m.conflicts.Add(float64(st.Conflicts))
 	m.expired.Add(float64(st.Pruned))
 	m.attempts.Observe(float64(st.Attempts))
 	m.latency.Observe(d.Seconds())
+}
+
+// resultLabel is a metric's result label: ok on success, else the error
+// code statusFor gives err.
+func resultLabel(err error, ok string) string {
+	if err == nil {
+		return ok
+	}
+	_, code := statusFor(err)
+	return code
 }

@@ -153,19 +153,6 @@ func (s *SQL) list(ctx context.Context, provider, pool, model string) ([]Key, er
 	return keys, nil
 }
 
-// Exists reports whether provider and pool have any key at all, whatever
-// its status or models: the broker's "no candidates" versus "policy
-// conflict". "" matches any provider or pool.
-func (s *SQL) Exists(ctx context.Context, provider, pool string) (bool, error) {
-	where, args := keyFilter(provider, pool)
-	var ok bool
-	err := s.db.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM catalog_keys k `+whereClause(where)+`)`, args...).Scan(&ok)
-	if err != nil {
-		return false, fail(ctx, "check keys exist", err)
-	}
-	return ok, nil
-}
-
 // Delete removes the key and its models, or returns ErrNotFound.
 func (s *SQL) Delete(ctx context.Context, id string) error {
 	return s.inTx(ctx, fmt.Sprintf("delete key %q", id), func(tx *sql.Tx) error {
