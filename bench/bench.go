@@ -160,7 +160,7 @@ func (h *harness) run(ctx context.Context, cellIndex int, cell Cell, s Strategy)
 	} else {
 		loc.Path = filepath.Join(h.tmp, fmt.Sprintf("run-%d.db", h.runs))
 	}
-	c, err := loc.open(s)
+	c, err := loc.open(ctx, s)
 	if err != nil {
 		return report.Run{}, err
 	}

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -62,13 +63,13 @@ func TestGridCells(t *testing.T) {
 }
 
 func TestSelect(t *testing.T) {
-	got, err := Select(Strategies, "sqlite, optimistic")
+	got, err := Select(Strategies(), "sqlite, optimistic")
 	require.NoError(t, err)
 	require.Equal(t, "sqlite", got[0].Name)
 	require.Equal(t, "optimistic", got[1].Name)
-	_, err = Select(Strategies, "optimistic,etcd")
+	_, err = Select(Strategies(), "optimistic,etcd")
 	require.ErrorContains(t, err, `unknown strategy "etcd"`)
-	_, err = Select(Strategies, "lua,lua")
+	_, err = Select(Strategies(), "lua,lua")
 	require.Error(t, err)
 }
 
@@ -96,4 +97,20 @@ func TestLoopback(t *testing.T) {
 		require.Equal(t, want, loopback(&redis.Options{Addr: addr}), addr)
 	}
 	require.True(t, loopback(&redis.Options{Network: "unix", Addr: "/run/redis.sock"}))
+}
+
+// A worker that dies while it still writes to stderr is described by the
+// end of what it wrote; reading that while exec copies more must not race.
+func TestFailedWorkerStderrWhileWriting(t *testing.T) {
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	p, err := startProc(ctx, []string{"/bin/sh", "-c", "exec >&-; while :; do echo noise >&2; done"}, nil, job{})
+	if err == nil {
+		_, err = p.receive()
+	}
+	require.ErrorContains(t, err, "noise")
+	cancel()
+	if p != nil {
+		_ = p.cmd.Wait()
+	}
 }

@@ -22,7 +22,7 @@ import (
 const workerEnv = "CREDPOOL_BENCH_TEST_WORKER=1"
 
 // testStrategies are what the workers of these tests know.
-var testStrategies = append(append([]bench.Strategy(nil), bench.Strategies...), unsafeStrategy)
+var testStrategies = append(append([]bench.Strategy(nil), bench.Strategies()...), unsafeStrategy)
 
 // TestMain doubles as the worker process of multi-process cells: the
 // harness re-executes this test binary with workerEnv set, as credpool
@@ -73,7 +73,7 @@ func cells(t *testing.T, grids ...bench.Grid) []bench.Cell {
 func TestAuditCatchesUnsafeStore(t *testing.T) {
 	g := grid([]string{"hot"}, 8, 1, 1, 2)
 	g.HoldDist, g.Pause = "fixed", 100*time.Microsecond
-	optimistic, err := bench.Select(bench.Strategies, "optimistic")
+	optimistic, err := bench.Select(bench.Strategies(), "optimistic")
 	require.NoError(t, err)
 	cfg := config(append([]bench.Strategy{unsafeStrategy}, optimistic...), cells(t, g))
 	var out bytes.Buffer
@@ -102,7 +102,7 @@ func TestShortRunWritesEveryOutput(t *testing.T) {
 	open.Rates = []float64{200}
 	all := cells(t, grid([]string{"hot", "zipf"}, 4, 2, 1, 2), open)
 	dir := t.TempDir()
-	cfg := config(bench.Strategies, all)
+	cfg := config(bench.Strategies(), all)
 	var out bytes.Buffer
 	cfg.Stdout, cfg.OutDir = &out, dir
 	rep, err := bench.Run(context.Background(), cfg)
@@ -162,11 +162,11 @@ func TestShortRunWritesEveryOutput(t *testing.T) {
 func TestRunRefusesWhatItCannotDo(t *testing.T) {
 	ctx := context.Background()
 	all := cells(t, grid([]string{"hot"}, 2, 1, 2))
-	_, err := bench.Run(ctx, bench.Config{Strategies: bench.Strategies, Cells: all})
+	_, err := bench.Run(ctx, bench.Config{Strategies: bench.Strategies(), Cells: all})
 	require.ErrorContains(t, err, "worker command")
-	_, err = bench.Run(ctx, bench.Config{Strategies: bench.Strategies})
+	_, err = bench.Run(ctx, bench.Config{Strategies: bench.Strategies()})
 	require.Error(t, err)
-	cfg := config(bench.Strategies, all)
+	cfg := config(bench.Strategies(), all)
 	cfg.RedisURL = "redis://10.1.2.3:6379"
 	_, err = bench.Run(ctx, cfg)
 	require.ErrorContains(t, err, "not on loopback")

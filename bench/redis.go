@@ -10,7 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/credpool/credpool/test/redistest"
+	"github.com/credpool/credpool/internal/redisproc"
 )
 
 // server is the Redis the Redis strategies share for a harness run.
@@ -31,7 +31,7 @@ func startRedis(ctx context.Context, rawURL string, allowRemote bool) (*server, 
 		if err != nil {
 			return nil, fmt.Errorf("bench: %w", err)
 		}
-		srv, err := redistest.Run(dir, false)
+		srv, err := redisproc.Run(dir, false)
 		if err != nil {
 			_ = os.RemoveAll(dir)
 			return nil, fmt.Errorf("bench: start redis-server: %w", err)

@@ -13,8 +13,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/credpool/credpool/bench"
+	"github.com/credpool/credpool/internal/sqlitex"
 	"github.com/credpool/credpool/optimistic"
-	"github.com/credpool/credpool/optimistic/sqlitestore"
 	"github.com/credpool/credpool/test/redistest"
 )
 
@@ -29,7 +29,7 @@ import (
 //
 // Run with: go test -run '^$' -bench AllocateRelease ./bench/
 func BenchmarkAllocateRelease(b *testing.B) {
-	for _, s := range bench.Strategies {
+	for _, s := range bench.Strategies() {
 		b.Run(s.Name, func(b *testing.B) {
 			b.Run("uncontended", func(b *testing.B) {
 				store := openStore(b, s, 1, 1)
@@ -54,15 +54,15 @@ func openStore(b *testing.B, s bench.Strategy, keys, limit int) optimistic.Lease
 	if s.Redis {
 		t = bench.Target{Redis: redistest.Start(b).Client(b), Prefix: "bench"}
 	} else {
-		db, err := sqlitestore.Open(filepath.Join(b.TempDir(), "leases.db"))
+		db, err := sqlitex.Open(filepath.Join(b.TempDir(), "leases.db"))
 		require.NoError(b, err)
 		b.Cleanup(func() { _ = db.Close() })
 		t = bench.Target{DB: db}
 	}
-	store, err := s.Open(t)
+	store, err := s.Open(context.Background(), t)
 	require.NoError(b, err)
 	for i := range keys {
-		require.NoError(b, store.SyncKey(context.Background(), optimistic.Key{
+		require.NoError(b, store.SyncKey(context.Background(), optimistic.KeyState{
 			ID: keyID(i), Provider: "bench", Pool: "default", Status: optimistic.StatusAvailable, MaxConcurrentUses: limit,
 		}))
 	}

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"context"
 	"database/sql"
 	"fmt"
 	"slices"
@@ -9,9 +10,10 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/credpool/credpool/bench/baseline"
+	"github.com/credpool/credpool/internal/redisproc"
+	"github.com/credpool/credpool/internal/sqlitestore"
+	"github.com/credpool/credpool/internal/sqlitex"
 	"github.com/credpool/credpool/optimistic"
-	"github.com/credpool/credpool/optimistic/sqlitestore"
-	"github.com/credpool/credpool/test/redistest"
 )
 
 // Strategy is a kind of lease store the harness measures.
@@ -22,7 +24,7 @@ type Strategy struct {
 	Redis bool
 	// Open returns a store over t. It must keep all its state under t's
 	// prefix (Redis) or in t's file (SQLite).
-	Open func(t Target) (optimistic.LeaseStore, error)
+	Open func(ctx context.Context, t Target) (optimistic.LeaseStore, error)
 }
 
 // Target is where one run keeps its state: a key space nobody else uses.
@@ -34,17 +36,20 @@ type Target struct {
 	DB *sql.DB
 }
 
-// Strategies are the lease stores credpool ships, in report order.
-var Strategies = []Strategy{
-	{Name: "optimistic", Redis: true, Open: func(t Target) (optimistic.LeaseStore, error) {
-		return optimistic.New(t.Redis, &optimistic.Options{Prefix: t.Prefix})
-	}},
-	{Name: "lua", Redis: true, Open: func(t Target) (optimistic.LeaseStore, error) {
-		return baseline.New(t.Redis, &baseline.Options{Prefix: t.Prefix})
-	}},
-	{Name: "sqlite", Open: func(t Target) (optimistic.LeaseStore, error) {
-		return sqlitestore.New(t.DB, nil)
-	}},
+// Strategies returns the lease stores credpool ships, in report order: a
+// new slice each call, so no caller can change another's.
+func Strategies() []Strategy {
+	return []Strategy{
+		{Name: "optimistic", Redis: true, Open: func(_ context.Context, t Target) (optimistic.LeaseStore, error) {
+			return optimistic.New(t.Redis, &optimistic.Options{Prefix: t.Prefix})
+		}},
+		{Name: "lua", Redis: true, Open: func(_ context.Context, t Target) (optimistic.LeaseStore, error) {
+			return baseline.New(t.Redis, &baseline.Options{Prefix: t.Prefix})
+		}},
+		{Name: "sqlite", Open: func(ctx context.Context, t Target) (optimistic.LeaseStore, error) {
+			return sqlitestore.New(ctx, t.DB, nil)
+		}},
+	}
 }
 
 // Select returns the strategies of from named in a comma-separated list,
@@ -90,13 +95,13 @@ type conn struct {
 	target Target
 	// roundTrips counts requests sent to Redis: a command or a whole
 	// pipeline is one. Zero for SQLite.
-	roundTrips *redistest.RoundTrips
+	roundTrips *redisproc.RoundTrips
 	close      func() error
 }
 
 // open connects to l and opens s's store there.
-func (l location) open(s Strategy) (*conn, error) {
-	c := &conn{roundTrips: &redistest.RoundTrips{}}
+func (l location) open(ctx context.Context, s Strategy) (*conn, error) {
+	c := &conn{roundTrips: &redisproc.RoundTrips{}}
 	if s.Redis {
 		opt, err := redis.ParseURL(l.RedisURL)
 		if err != nil {
@@ -107,13 +112,13 @@ func (l location) open(s Strategy) (*conn, error) {
 		rdb.AddHook(c.roundTrips)
 		c.target, c.close = Target{Redis: rdb, Prefix: l.Prefix}, rdb.Close
 	} else {
-		db, err := sqlitestore.Open(l.Path)
+		db, err := sqlitex.Open(l.Path)
 		if err != nil {
 			return nil, err
 		}
 		c.target, c.close = Target{DB: db}, db.Close
 	}
-	store, err := s.Open(c.target)
+	store, err := s.Open(ctx, c.target)
 	if err != nil {
 		_ = c.close()
 		return nil, fmt.Errorf("bench: open %s store: %w", s.Name, err)

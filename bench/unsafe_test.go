@@ -13,7 +13,7 @@ import (
 )
 
 // unsafeStrategy is the store the oversell audit must catch.
-var unsafeStrategy = bench.Strategy{Name: "unsafe", Redis: true, Open: func(t bench.Target) (optimistic.LeaseStore, error) {
+var unsafeStrategy = bench.Strategy{Name: "unsafe", Redis: true, Open: func(_ context.Context, t bench.Target) (optimistic.LeaseStore, error) {
 	return &unsafeStore{rdb: t.Redis, prefix: t.Prefix}, nil
 }}
 
@@ -35,11 +35,11 @@ func (s *unsafeStore) Allocate(ctx context.Context, req optimistic.AllocateReque
 		st.Attempts++
 		limit, err := s.rdb.Get(ctx, s.key(id, "limit")).Int()
 		if err != nil {
-			return optimistic.Lease{}, st, optimistic.StoreError("allocate", err)
+			return optimistic.Lease{}, st, optimistic.Classify(ctx, "allocate", err)
 		}
 		n, err := s.rdb.Get(ctx, s.key(id, "count")).Int()
 		if err != nil && !errors.Is(err, redis.Nil) {
-			return optimistic.Lease{}, st, optimistic.StoreError("allocate", err)
+			return optimistic.Lease{}, st, optimistic.Classify(ctx, "allocate", err)
 		}
 		if n >= limit {
 			continue
@@ -49,11 +49,11 @@ func (s *unsafeStore) Allocate(ctx context.Context, req optimistic.AllocateReque
 			Until:    time.Now().Add(req.TTL),
 		}
 		if err := s.rdb.Incr(ctx, s.key(id, "count")).Err(); err != nil {
-			return optimistic.Lease{}, st, optimistic.StoreError("allocate", err)
+			return optimistic.Lease{}, st, optimistic.Classify(ctx, "allocate", err)
 		}
 		err = s.rdb.ZAdd(ctx, s.key(id, "leases"), redis.Z{Score: float64(lease.Until.UnixMilli()), Member: lease.LeaseID}).Err()
 		if err != nil {
-			return optimistic.Lease{}, st, optimistic.StoreError("allocate", err)
+			return optimistic.Lease{}, st, optimistic.Classify(ctx, "allocate", err)
 		}
 		return lease, st, nil
 	}
@@ -63,13 +63,13 @@ func (s *unsafeStore) Allocate(ctx context.Context, req optimistic.AllocateReque
 func (s *unsafeStore) Release(ctx context.Context, ref optimistic.LeaseRef) error {
 	removed, err := s.rdb.ZRem(ctx, s.key(ref.KeyID, "leases"), ref.LeaseID).Result()
 	if err != nil {
-		return optimistic.StoreError("release", err)
+		return optimistic.Classify(ctx, "release", err)
 	}
 	if removed == 0 {
 		return optimistic.ErrLeaseLost
 	}
 	if err := s.rdb.Decr(ctx, s.key(ref.KeyID, "count")).Err(); err != nil {
-		return optimistic.StoreError("release", err)
+		return optimistic.Classify(ctx, "release", err)
 	}
 	return nil
 }
@@ -78,7 +78,7 @@ func (s *unsafeStore) Renew(context.Context, optimistic.LeaseRef, time.Duration)
 	return time.Time{}, errors.New("unsafe store: renew is not implemented")
 }
 
-func (s *unsafeStore) SyncKey(ctx context.Context, k optimistic.Key) error {
+func (s *unsafeStore) SyncKey(ctx context.Context, k optimistic.KeyState) error {
 	return s.rdb.Set(ctx, s.key(k.ID, "limit"), k.MaxConcurrentUses, 0).Err()
 }
 
@@ -112,4 +112,8 @@ func (s *unsafeStore) Inspect(ctx context.Context, ids ...string) ([]optimistic.
 		}
 	}
 	return out, nil
+}
+
+func (s *unsafeStore) Ping(ctx context.Context) error {
+	return optimistic.Classify(ctx, "ping", s.rdb.Ping(ctx).Err())
 }

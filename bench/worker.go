@@ -69,7 +69,7 @@ func work(ctx context.Context, j job, dec *json.Decoder, enc *json.Encoder, stra
 	if i < 0 {
 		return fmt.Errorf("bench worker: unknown strategy %q", j.Strategy)
 	}
-	c, err := j.Location.open(strategies[i])
+	c, err := j.Location.open(ctx, strategies[i])
 	if err != nil {
 		return err
 	}
@@ -101,7 +101,26 @@ type proc struct {
 	in     io.WriteCloser
 	enc    *json.Encoder
 	dec    *json.Decoder
-	stderr bytes.Buffer
+	stderr syncBuffer
+}
+
+// syncBuffer is a bytes.Buffer that exec's copying goroutine may write
+// while the parent reads it to describe a failure.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 // startProc starts a worker with argv and extra environment and sends it j.

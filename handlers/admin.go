@@ -6,9 +6,9 @@ import (
 
 	"github.com/gin-gonic/gin"
 
+	"github.com/credpool/credpool/internal/broker"
+	"github.com/credpool/credpool/internal/catalog"
 	"github.com/credpool/credpool/optimistic"
-	"github.com/credpool/credpool/optimistic/broker"
-	"github.com/credpool/credpool/optimistic/catalog"
 )
 
 type adminAPI struct {

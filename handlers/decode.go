@@ -21,7 +21,7 @@ func decode(c *gin.Context, dst any) bool {
 	dec := json.NewDecoder(http.MaxBytesReader(c.Writer, c.Request.Body, maxBody))
 	dec.DisallowUnknownFields()
 	err := dec.Decode(dst)
-	if err == nil && dec.Decode(&struct{}{}) != io.EOF {
+	if err == nil && !errors.Is(dec.Decode(&struct{}{}), io.EOF) {
 		err = errors.New("body must hold one JSON object")
 	}
 	if err == nil {

@@ -10,13 +10,13 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/credpool/credpool/internal/broker"
+	"github.com/credpool/credpool/internal/catalog"
 	"github.com/credpool/credpool/optimistic"
-	"github.com/credpool/credpool/optimistic/broker"
-	"github.com/credpool/credpool/optimistic/catalog"
 )
 
 func TestStatusFor(t *testing.T) {
-	storeDown := optimistic.StoreError("allocate", errors.New("connection refused"))
+	storeDown := optimistic.Classify(context.Background(), "allocate", errors.New("connection refused"))
 	for _, c := range []struct {
 		err    error
 		status int

@@ -36,8 +36,8 @@ func NewMetrics() *Metrics {
 			Help: "Allocate requests by result: granted, pool_exhausted, contended, no_candidates, policy_conflict, store_unavailable, and others.",
 		}, []string{"result"}),
 		conflicts: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "credpool_watch_conflicts_total",
-			Help: "Aborted EXECs (WATCH conflicts) during allocation.",
+			Name: "credpool_allocate_conflicts_total",
+			Help: "Allocation attempts that lost a race and were retried: an aborted EXEC (Redis WATCH) or a busy file (SQLite).",
 		}),
 		attempts: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "credpool_allocate_attempts",

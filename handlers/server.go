@@ -12,9 +12,9 @@ import (
 
 	"github.com/gin-gonic/gin"
 
+	"github.com/credpool/credpool/internal/broker"
+	"github.com/credpool/credpool/internal/catalog"
 	"github.com/credpool/credpool/optimistic"
-	"github.com/credpool/credpool/optimistic/broker"
-	"github.com/credpool/credpool/optimistic/catalog"
 )
 
 // Service is what the internal API needs from the broker.
@@ -37,7 +37,8 @@ type Admin interface {
 	Ready(ctx context.Context) error
 }
 
-// Config wires the API. Every field is required except Logger.
+// Config wires the API. Service, Admin, Metrics and the two keys are
+// required; the rest have defaults.
 type Config struct {
 	Service Service
 	Admin   Admin

@@ -5,6 +5,8 @@ import (
 	"strconv"
 
 	"github.com/redis/go-redis/v9"
+
+	rs "github.com/credpool/credpool/internal/redisschema"
 )
 
 // SyncKey upserts a key's allocation state into its HASH and its pool
@@ -13,12 +15,12 @@ import (
 // are kept. Allocate checks membership on the HASH, so a partial failure
 // can at worst leave a stale member in an old pool's ZSET, which nothing
 // reads; syncing again repairs it.
-func (s *Store) SyncKey(ctx context.Context, k Key) error {
+func (s *Store) SyncKey(ctx context.Context, k KeyState) error {
 	if err := k.Validate(); err != nil {
 		return err
 	}
 	keyKey := s.keys.Key(k.ID)
-	old, err := s.rdb.HMGet(ctx, keyKey, fieldProvider, fieldPool).Result()
+	old, err := s.rdb.HMGet(ctx, keyKey, rs.FieldProvider, rs.FieldPool).Result()
 	if err != nil {
 		return Classify(ctx, "sync key", err)
 	}
@@ -27,11 +29,11 @@ func (s *Store) SyncKey(ctx context.Context, k Key) error {
 		cooldown = strconv.FormatInt(k.CooldownUntil.UnixMilli(), 10)
 	}
 	fields := []any{
-		fieldProvider, k.Provider, fieldPool, k.Pool, fieldStatus, string(k.Status),
-		fieldCooldown, cooldown, fieldLimit, k.MaxConcurrentUses,
+		rs.FieldProvider, k.Provider, rs.FieldPool, k.Pool, rs.FieldStatus, string(k.Status),
+		rs.FieldCooldown, cooldown, rs.FieldLimit, k.MaxConcurrentUses,
 	}
 	if !k.LastUsedAt.IsZero() {
-		fields = append(fields, fieldLastUsed, k.LastUsedAt.UnixMilli())
+		fields = append(fields, rs.FieldLastUsed, k.LastUsedAt.UnixMilli())
 	}
 	// Separate commands, not MULTI: the pool ZSETs live in other slots.
 	_, err = s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
@@ -56,7 +58,7 @@ func (s *Store) DeleteKey(ctx context.Context, keyID string) error {
 	if err := CheckKeyIDs(keyID); err != nil {
 		return err
 	}
-	owner, err := s.rdb.HMGet(ctx, s.keys.Key(keyID), fieldProvider, fieldPool).Result()
+	owner, err := s.rdb.HMGet(ctx, s.keys.Key(keyID), rs.FieldProvider, rs.FieldPool).Result()
 	if err != nil {
 		return Classify(ctx, "delete key", err)
 	}

@@ -7,6 +7,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
+
+	rs "github.com/credpool/credpool/internal/redisschema"
 )
 
 // Allocate leases a slot on the first candidate, in the given order, that is
@@ -47,18 +49,6 @@ func (s *Store) Allocate(ctx context.Context, req AllocateRequest) (Lease, Stats
 	return a.lease, st, nil
 }
 
-// Validate returns an ErrInvalid naming the first bad field: a malformed
-// id or a ttl under 1ms.
-func (req AllocateRequest) Validate() error {
-	if err := checkIDs("provider", req.Provider, "pool", req.Pool); err != nil {
-		return err
-	}
-	if err := CheckKeyIDs(req.Candidates...); err != nil {
-		return err
-	}
-	return CheckTTL(req.TTL)
-}
-
 // allocation is the state one Allocate call keeps across passes.
 type allocation struct {
 	*Store
@@ -76,7 +66,7 @@ type allocation struct {
 // process is working on right now (its gate is taken) is tried after all
 // the others, waiting for its turn then. It returns nil with a.lease set,
 // a *CapacityError when every candidate was full or unusable, or
-// redis.TxFailedErr / errRecheck to pause and try a.todo again: the
+// an ErrConflict or errRecheck to pause and try a.todo again: the
 // candidates set aside after conflicts, or first the one whose EXEC reply
 // was lost, so that it is rechecked before any other can grant.
 func (a *allocation) pass(ctx context.Context) error {
@@ -98,7 +88,7 @@ func (a *allocation) pass(ctx context.Context) error {
 			queue = append(queue, step{keyID: keyID, wait: true})
 			continue
 		}
-		if errors.Is(err, redis.TxFailedErr) {
+		if errors.Is(err, ErrConflict) {
 			// Someone just committed on this key; it may still have room.
 			granted, err = a.try(ctx, keyID, true)
 		}
@@ -111,16 +101,30 @@ func (a *allocation) pass(ctx context.Context) error {
 				a.todo = append(a.todo, st.keyID)
 			}
 			return err
-		case errors.Is(err, redis.TxFailedErr):
+		case errors.Is(err, ErrConflict):
 			aside = append(aside, keyID)
 		case err != nil:
 			return err
 		}
 	}
 	if a.todo = aside; len(aside) > 0 {
-		return redis.TxFailedErr
+		return fmt.Errorf("%w: every candidate left was contended", ErrConflict)
 	}
 	return &CapacityError{FreeAt: fromMillis(a.free)}
+}
+
+// verdict is what one read-decide round on a candidate found. The WATCH
+// callback only fills it in and try applies it once the transaction is
+// over, so a callback that go-redis runs again after a redirect leaves
+// nothing behind.
+type verdict struct {
+	read    bool  // the candidate was read: a lost commit on it is settled
+	granted bool  // a lease on it is ours: until and fence say which
+	until   int64 // lease expiry (ms)
+	fence   int64
+	pruned  int   // expired leases the commit removed
+	free    int64 // skipped: when it frees up (ms), 0 if never by itself
+	unknown bool  // the commit's reply was lost: it may have landed
 }
 
 // try reads one candidate under WATCH and claims a slot if it has one.
@@ -133,88 +137,101 @@ func (a *allocation) try(ctx context.Context, keyID string, wait bool) (granted 
 	}
 	defer release()
 	a.stats.Attempts++
-	defer func() {
-		if errors.Is(err, redis.TxFailedErr) {
-			a.stats.Conflicts++
-		}
-	}()
+	var v verdict
+	err = a.watch(ctx, []string{a.keys.Key(keyID), a.keys.Leases(keyID)}, func(t *txn) (err error) {
+		v, err = a.decide(ctx, t, keyID)
+		return err
+	})
+	if errors.Is(err, ErrConflict) {
+		a.stats.Conflicts++
+	}
+	if v.read && a.pending == keyID {
+		a.pending = ""
+	}
+	if v.unknown {
+		a.pending = keyID
+	}
+	if v.free != 0 {
+		a.free = earliest(a.free, v.free)
+	}
+	if v.granted {
+		a.grant(keyID, v.until, v.fence)
+		a.stats.Pruned += v.pruned
+	}
+	return v.granted, err
+}
+
+// decide is one round on keyID inside a transaction: read, decide, commit.
+// It changes nothing but the transaction and its verdict.
+func (a *allocation) decide(ctx context.Context, t *txn, keyID string) (verdict, error) {
+	var v verdict
 	keyKey, leasesKey := a.keys.Key(keyID), a.keys.Leases(keyID)
 	recordKey := a.keys.Lease(keyID, a.leaseID)
-	err = a.watch(ctx, []string{keyKey, leasesKey}, func(t *txn) error {
-		var (
-			clock  *redis.TimeCmd
-			hash   *redis.SliceCmd
-			leases *redis.ZSliceCmd
-		)
-		err := t.read(ctx, func(p redis.Pipeliner) {
-			clock = p.Time(ctx)
-			hash = p.HMGet(ctx, keyKey, keyFields...)
-			leases = p.ZRangeWithScores(ctx, leasesKey, 0, -1)
-		})
-		if err != nil {
-			return err
-		}
-		now := clock.Val().UnixMilli()
-		k := parseKey(hash.Val())
-		ls := splitLeases(leases.Val(), now)
-		if until, ok := liveScore(leases.Val(), a.leaseID, now); ok {
-			// An EXEC of this call whose reply was lost did commit: hand
-			// out that lease (its fence is in its record; a rare extra
-			// read).
-			fence, err := t.tx.HGet(ctx, recordKey, fieldFence).Int64()
-			if err != nil {
-				return err
-			}
-			a.pending = ""
-			a.grant(keyID, until, fence)
-			granted = true
-			return nil
-		}
-		if a.pending == keyID {
-			a.pending = ""
-		}
-		if !k.member(a.req.Provider, a.req.Pool) {
-			return nil
-		}
-		if !Usable(k.status, k.cooldown, now) || ls.live >= k.limit {
-			a.free = earliest(a.free, freeAt(k, ls, now))
-			return nil
-		}
-		until := now + a.req.TTL.Milliseconds()
-		fenceNext := k.fence + 1
-		err = t.commit(ctx, func(p redis.Pipeliner) {
-			if len(ls.expired) > 0 {
-				members := make([]any, len(ls.expired))
-				records := make([]string, len(ls.expired))
-				for i, id := range ls.expired {
-					members[i], records[i] = id, a.keys.Lease(keyID, id)
-				}
-				p.ZRem(ctx, leasesKey, members...)
-				p.Del(ctx, records...)
-			}
-			p.ZAdd(ctx, leasesKey, redis.Z{Score: float64(until), Member: a.leaseID})
-			p.HSet(ctx, recordKey,
-				fieldKeyID, keyID, fieldProvider, a.req.Provider, fieldPool, a.req.Pool,
-				fieldUntil, until, fieldFence, fenceNext)
-			p.PExpireAt(ctx, recordKey, fromMillis(until).Add(a.opts.RecordGrace))
-			p.HSet(ctx, keyKey,
-				fieldStatus, string(StatusAvailable), fieldCooldown, "",
-				fieldLastUsed, now, fieldFence, fenceNext)
-		})
-		if err != nil {
-			var rerr redis.Error
-			if !errors.As(err, &rerr) && ctx.Err() == nil {
-				a.pending = keyID
-				return fmt.Errorf("%w: %w", errRecheck, err)
-			}
-			return err
-		}
-		a.grant(keyID, until, fenceNext)
-		a.stats.Pruned += len(ls.expired)
-		granted = true
-		return nil
+	var (
+		clock  *redis.TimeCmd
+		hash   *redis.SliceCmd
+		leases *redis.ZSliceCmd
+	)
+	err := t.read(ctx, func(p redis.Pipeliner) {
+		clock = p.Time(ctx)
+		hash = p.HMGet(ctx, keyKey, keyFields...)
+		leases = p.ZRangeWithScores(ctx, leasesKey, 0, -1)
 	})
-	return granted, err
+	if err != nil {
+		return v, err
+	}
+	v.read = true
+	now := clock.Val().UnixMilli()
+	k := parseKey(hash.Val())
+	ls := splitLeases(leases.Val(), now)
+	if until, ok := liveScore(leases.Val(), a.leaseID, now); ok {
+		// An EXEC of this call whose reply was lost did commit: hand out
+		// that lease (its fence is in its record; a rare extra read).
+		fence, err := t.tx.HGet(ctx, recordKey, rs.FieldFence).Int64()
+		if err != nil {
+			return v, err
+		}
+		v.granted, v.until, v.fence = true, until, fence
+		return v, nil
+	}
+	if !k.member(a.req.Provider, a.req.Pool) {
+		return v, nil
+	}
+	if !Usable(k.status, k.cooldown, now) || ls.live >= k.limit {
+		v.free = freeAt(k, ls, now)
+		return v, nil
+	}
+	until := now + a.req.TTL.Milliseconds()
+	fence := k.fence + 1
+	err = t.commit(ctx, func(p redis.Pipeliner) {
+		if len(ls.expired) > 0 {
+			members := make([]any, len(ls.expired))
+			records := make([]string, len(ls.expired))
+			for i, id := range ls.expired {
+				members[i], records[i] = id, a.keys.Lease(keyID, id)
+			}
+			p.ZRem(ctx, leasesKey, members...)
+			p.Del(ctx, records...)
+		}
+		p.ZAdd(ctx, leasesKey, redis.Z{Score: float64(until), Member: a.leaseID})
+		p.HSet(ctx, recordKey,
+			rs.FieldKeyID, keyID, rs.FieldProvider, a.req.Provider, rs.FieldPool, a.req.Pool,
+			rs.FieldUntil, until, rs.FieldFence, fence)
+		p.PExpireAt(ctx, recordKey, fromMillis(until).Add(a.opts.RecordGrace))
+		p.HSet(ctx, keyKey,
+			rs.FieldStatus, string(StatusAvailable), rs.FieldCooldown, "",
+			rs.FieldLastUsed, now, rs.FieldFence, fence)
+	})
+	if err != nil {
+		var rerr redis.Error
+		if !errors.As(err, &rerr) && ctx.Err() == nil {
+			v.unknown = true
+			return v, fmt.Errorf("%w: %w", errRecheck, err)
+		}
+		return v, err
+	}
+	v.granted, v.until, v.fence, v.pruned = true, until, fence, len(ls.expired)
+	return v, nil
 }
 
 func (a *allocation) grant(keyID string, until, fence int64) {

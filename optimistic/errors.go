@@ -1,6 +1,7 @@
 package optimistic
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"time"
@@ -19,6 +20,13 @@ var (
 	// changing the candidates under us. Nothing was written.
 	ErrContended = errors.New("optimistic: gave up after repeated transaction conflicts")
 
+	// ErrConflict marks one attempt that lost a race and wrote nothing: an
+	// aborted EXEC on Redis, a busy or locked file on SQLite. Stores retry
+	// it themselves and map their own kind of conflict to it, so the retry
+	// loop and Classify need to know no backend's types; one that outlives
+	// the retries reaches the caller as ErrContended.
+	ErrConflict = errors.New("optimistic: transaction conflict")
+
 	// ErrStore wraps a failure of the backing store (network, server, pool
 	// timeout). The operation may or may not have been applied; leases it
 	// may have written expire by themselves.
@@ -35,7 +43,7 @@ var (
 	ErrLeaseMismatch = fmt.Errorf("%w: it belongs to another key, provider or pool", ErrLeaseLost)
 
 	// ErrRequestInFlight means another allocate with the same request id
-	// has not finished yet; retry shortly to get its lease.
+	// has not finished yet; retry shortly to get its lease (see Requests).
 	ErrRequestInFlight = errors.New("optimistic: a request with this id is still in flight")
 
 	// ErrInvalid means the request was rejected before touching the store:
@@ -60,9 +68,27 @@ func (e *CapacityError) Error() string {
 
 func (e *CapacityError) Unwrap() error { return ErrNoCapacity }
 
-// StoreError wraps err from the backing store so that errors.Is finds both
-// ErrStore and the original cause.
-func StoreError(op string, err error) error {
+// Classify turns what a store operation returned into the contract's
+// errors: the contract's own outcomes pass through, cancellation keeps
+// both causes (and is never ErrStore), a conflict (ErrConflict) that
+// outlived the retries is ErrContended, and anything else is ErrStore
+// wrapping the cause. Every LeaseStore implementation ends its methods
+// with it, so their errors agree.
+func Classify(ctx context.Context, op string, err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, ErrNoCapacity), errors.Is(err, ErrLeaseLost), errors.Is(err, ErrInvalid),
+		errors.Is(err, ErrContended), errors.Is(err, ErrRequestInFlight):
+		return err
+	case ctx.Err() != nil:
+		if errors.Is(err, ctx.Err()) {
+			return fmt.Errorf("optimistic: %s: %w", op, err)
+		}
+		return errors.Join(fmt.Errorf("optimistic: %s: %w", op, err), ctx.Err())
+	case errors.Is(err, ErrConflict):
+		return fmt.Errorf("%w: %s: %w", ErrContended, op, err)
+	}
 	return fmt.Errorf("%w: %s: %w", ErrStore, op, err)
 }
 

@@ -10,8 +10,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/credpool/credpool/internal/redisproc"
 	"github.com/credpool/credpool/optimistic"
-	"github.com/credpool/credpool/test/redistest"
 )
 
 // redisAddr is a throwaway redis-server for the examples.
@@ -23,7 +23,7 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	srv, err := redistest.Run(dir, false)
+	srv, err := redisproc.Run(dir, false)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "examples need a real redis-server:", err)
 		os.Exit(1)
@@ -43,7 +43,7 @@ func newExampleStore(prefix string, limit int) (*optimistic.Store, func()) {
 	if err != nil {
 		panic(err)
 	}
-	err = store.SyncKey(context.Background(), optimistic.Key{
+	err = store.SyncKey(context.Background(), optimistic.KeyState{
 		ID: "key-1", Provider: "openai", Pool: "default",
 		Status: optimistic.StatusAvailable, MaxConcurrentUses: limit,
 	})

@@ -7,10 +7,12 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	rs "github.com/credpool/credpool/internal/redisschema"
 )
 
 // recordFields are the lease record fields checked against a LeaseRef.
-var recordFields = []string{fieldKeyID, fieldProvider, fieldPool}
+var recordFields = []string{rs.FieldKeyID, rs.FieldProvider, rs.FieldPool}
 
 // Release deletes the lease if key id, provider, pool and lease id all
 // match and it has not expired. Otherwise it returns ErrLeaseLost (unknown,
@@ -108,7 +110,7 @@ func (s *Store) Renew(ctx context.Context, ref LeaseRef, ttl time.Duration) (tim
 			until = now + ttl.Milliseconds()
 			return t.commit(ctx, func(p redis.Pipeliner) {
 				p.ZAddXX(ctx, leasesKey, redis.Z{Score: float64(until), Member: ref.LeaseID})
-				p.HSet(ctx, recordKey, fieldUntil, until)
+				p.HSet(ctx, recordKey, rs.FieldUntil, until)
 				p.PExpireAt(ctx, recordKey, fromMillis(until).Add(s.opts.RecordGrace))
 			})
 		})
@@ -117,11 +119,6 @@ func (s *Store) Renew(ctx context.Context, ref LeaseRef, ttl time.Duration) (tim
 		return time.Time{}, Classify(ctx, "renew", err)
 	}
 	return fromMillis(until), nil
-}
-
-// Validate returns an ErrInvalid naming the first malformed id.
-func (ref LeaseRef) Validate() error {
-	return checkIDs("provider", ref.Provider, "pool", ref.Pool, "key id", ref.KeyID, "lease id", ref.LeaseID)
 }
 
 // checkHolder says whether ref holds a live lease, given its record (HMGET

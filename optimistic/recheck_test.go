@@ -1,7 +1,6 @@
 package optimistic
 
 import (
-	"context"
 	"testing"
 	"time"
 
@@ -21,19 +20,28 @@ func TestLostReplyIsRecheckedBeforeOtherCandidates(t *testing.T) {
 	t.Cleanup(func() { _ = rdb.Close() })
 	s, err := New(rdb, nil)
 	require.NoError(t, err)
-	ctx := context.Background()
+	ctx := t.Context()
 	for _, id := range []string{"a", "b"} {
-		require.NoError(t, s.SyncKey(ctx, Key{ID: id, Provider: "openai", Pool: "default", Status: StatusAvailable, MaxConcurrentUses: 2}))
+		require.NoError(t, s.SyncKey(ctx, KeyState{ID: id, Provider: "openai", Pool: "default", Status: StatusAvailable, MaxConcurrentUses: 2}))
 	}
 
-	held := make(chan func())
+	held := make(chan func(), 1)
 	go func() {
 		// Take a's turn the moment its EXEC reply is dropped, and keep it
-		// for a while, as a busy neighbour call would.
+		// for a while, as a busy neighbour call would. Give up with the
+		// test, or after a deadline if the cut never comes.
+		deadline := time.Now().Add(10 * time.Second)
 		for proxy.Cuts() == 0 {
+			if ctx.Err() != nil || time.Now().After(deadline) {
+				held <- nil
+				return
+			}
 			time.Sleep(50 * time.Microsecond)
 		}
-		release, _ := s.enter(ctx, "a", true)
+		release, err := s.enter(ctx, "a", true)
+		if err != nil {
+			release = nil
+		}
 		held <- release
 	}()
 	proxy.CutNextExec()
@@ -45,6 +53,7 @@ func TestLostReplyIsRecheckedBeforeOtherCandidates(t *testing.T) {
 		done <- err
 	}()
 	release := <-held
+	require.NotNil(t, release, "the proxy never cut an EXEC reply")
 	time.Sleep(100 * time.Millisecond)
 	release()
 	require.NoError(t, <-done)

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	rs "github.com/credpool/credpool/internal/redisschema"
 )
 
 // Requests remembers, in Redis, which lease answered an allocate request
@@ -17,13 +19,11 @@ import (
 // is in flight, then the lease as JSON, expiring with the lease.
 type Requests struct {
 	rdb  redis.UniversalClient
-	keys Schema
+	keys rs.Schema
 }
 
 // Requests returns the request log that lives beside the store's leases.
 func (s *Store) Requests() *Requests { return &Requests{rdb: s.rdb, keys: s.keys} }
-
-func (r *Requests) key(id string) string { return r.keys.Prefix + ":req:{" + id + "}" }
 
 // Claim reserves id for ttl. It returns claimed true if the caller now owns
 // id and must Record or Forget it; else the lease that already answered id.
@@ -31,14 +31,14 @@ func (r *Requests) key(id string) string { return r.keys.Prefix + ":req:{" + id 
 func (r *Requests) Claim(ctx context.Context, id string, ttl time.Duration) (Lease, bool, error) {
 	// Two rounds: the answer may expire between SET NX and GET.
 	for range 2 {
-		ok, err := r.rdb.SetNX(ctx, r.key(id), "", ttl).Result()
+		ok, err := r.rdb.SetNX(ctx, r.keys.Request(id), "", ttl).Result()
 		if err != nil {
 			return Lease{}, false, Classify(ctx, "claim request", err)
 		}
 		if ok {
 			return Lease{}, true, nil
 		}
-		raw, err := r.rdb.Get(ctx, r.key(id)).Result()
+		raw, err := r.rdb.Get(ctx, r.keys.Request(id)).Result()
 		switch {
 		case errors.Is(err, redis.Nil):
 			continue
@@ -47,8 +47,11 @@ func (r *Requests) Claim(ctx context.Context, id string, ttl time.Duration) (Lea
 		case raw == "":
 			return Lease{}, false, ErrRequestInFlight
 		}
-		l, err := DecodeLease(raw)
-		return l, false, err
+		var l Lease
+		if err := json.Unmarshal([]byte(raw), &l); err != nil {
+			return Lease{}, false, Classify(ctx, "claim request", err)
+		}
+		return l, false, nil
 	}
 	return Lease{}, false, ErrRequestInFlight
 }
@@ -59,20 +62,11 @@ func (r *Requests) Record(ctx context.Context, id string, l Lease) error {
 	if err != nil {
 		return err
 	}
-	err = r.rdb.SetArgs(ctx, r.key(id), raw, redis.SetArgs{ExpireAt: l.Until}).Err()
+	err = r.rdb.SetArgs(ctx, r.keys.Request(id), raw, redis.SetArgs{ExpireAt: l.Until}).Err()
 	return Classify(ctx, "record request", err)
 }
 
 // Forget drops id: its allocation failed or its lease is gone.
 func (r *Requests) Forget(ctx context.Context, id string) error {
-	return Classify(ctx, "forget request", r.rdb.Del(ctx, r.key(id)).Err())
-}
-
-// DecodeLease reads a lease that a request log recorded as JSON.
-func DecodeLease(raw string) (Lease, error) {
-	var l Lease
-	if err := json.Unmarshal([]byte(raw), &l); err != nil {
-		return Lease{}, StoreError("read request", err)
-	}
-	return l, nil
+	return Classify(ctx, "forget request", r.rdb.Del(ctx, r.keys.Request(id)).Err())
 }

@@ -5,53 +5,12 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-)
 
-// Field names of the key HASH and the lease record HASH.
-const (
-	fieldProvider = "provider"
-	fieldPool     = "pool"
-	fieldStatus   = "status"
-	fieldCooldown = "cooldown_until"
-	fieldLimit    = "max_concurrent_uses"
-	fieldLastUsed = "last_used_at"
-	fieldFence    = "fence"
-	fieldKeyID    = "key_id"
-	fieldUntil    = "lease_until"
+	rs "github.com/credpool/credpool/internal/redisschema"
 )
 
 // keyFields are the key HASH fields every read takes, in parseKey's order.
-var keyFields = []string{fieldProvider, fieldPool, fieldStatus, fieldCooldown, fieldLimit, fieldFence}
-
-// ParseLimit interprets a stored max_concurrent_uses: missing, malformed or
-// below 1 means 1 (the conservative reading of a bad config).
-func ParseLimit(raw string) int {
-	n, err := strconv.Atoi(raw)
-	if err != nil || n < 1 {
-		return 1
-	}
-	return n
-}
-
-// Usable reports whether a key may take a lease at now (ms): available, or
-// rate_limited/cooldown with a cooldown_until (ms) that has passed. An empty
-// or malformed cooldown_until keeps a limited key unusable, since nothing
-// says when it recovers.
-func Usable(status Status, cooldownUntil string, now int64) bool {
-	switch status {
-	case StatusAvailable:
-		return true
-	case StatusRateLimited, StatusCooldown:
-		cd, ok := parseMillis(cooldownUntil)
-		return ok && cd <= now
-	}
-	return false
-}
-
-func parseMillis(s string) (int64, bool) {
-	n, err := strconv.ParseInt(s, 10, 64)
-	return n, err == nil
-}
+var keyFields = []string{rs.FieldProvider, rs.FieldPool, rs.FieldStatus, rs.FieldCooldown, rs.FieldLimit, rs.FieldFence}
 
 // keyState is one read of a key HASH.
 type keyState struct {
@@ -121,29 +80,6 @@ func freeAt(k keyState, l leaseSet, now int64) int64 {
 		return 0
 	}
 	return FreeAt(k.status, k.cooldown, k.limit, l.live, l.first, now)
-}
-
-// FreeAt is the earliest moment (ms) an existing key can grant, the rule
-// every store reports in CapacityError.FreeAt and KeyInfo.FreeAt: now if it
-// can grant now; else the end of its cooldown or its first live lease
-// expiry (first, 0 if none), whichever is later; 0 if it never frees up by
-// itself (disabled, pending, exhausted, or cooling with no end).
-func FreeAt(status Status, cooldownUntil string, limit, live int, first, now int64) int64 {
-	full := int64(0)
-	if live >= limit {
-		full = first
-	}
-	if Usable(status, cooldownUntil, now) {
-		return max(now, full)
-	}
-	if status != StatusRateLimited && status != StatusCooldown {
-		return 0
-	}
-	cd, ok := parseMillis(cooldownUntil)
-	if !ok {
-		return 0
-	}
-	return max(cd, full)
 }
 
 // liveScore returns the expiry of lease id if it is in zs and unexpired.

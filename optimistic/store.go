@@ -3,152 +3,13 @@ package optimistic
 import (
 	"context"
 	"errors"
-	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	rs "github.com/credpool/credpool/internal/redisschema"
+	"github.com/credpool/credpool/internal/retry"
 )
-
-// LeaseStore is the lease store contract of DESIGN.md. The WATCH/MULTI Store
-// here, the Lua baseline in bench/ and the SQLite store all implement it and
-// all pass the conformance suite in test/.
-type LeaseStore interface {
-	// Allocate leases a slot on the first candidate, in the given order, that
-	// belongs to the provider/pool, is usable and has a free slot. The
-	// returned Stats are valid whatever the error.
-	Allocate(ctx context.Context, req AllocateRequest) (Lease, Stats, error)
-	// Release deletes the lease if all four ids match; otherwise it returns
-	// an error wrapping ErrLeaseLost and touches nothing.
-	Release(ctx context.Context, ref LeaseRef) error
-	// Renew extends a live lease to now+ttl and returns the new expiry.
-	Renew(ctx context.Context, ref LeaseRef, ttl time.Duration) (time.Time, error)
-	// SyncKey upserts a key's allocation state and pool membership.
-	SyncKey(ctx context.Context, k Key) error
-	// DeleteKey removes the key, its leases and its pool membership.
-	DeleteKey(ctx context.Context, keyID string) error
-	// ClearLeases force-releases every lease of the key and says how many.
-	ClearLeases(ctx context.Context, keyID string) (int, error)
-	// Inspect reports the live state of each key, in the order given.
-	Inspect(ctx context.Context, keyIDs ...string) ([]KeyInfo, error)
-}
-
-var _ LeaseStore = (*Store)(nil)
-
-// Status is a key's health as the catalog sees it. Leases never change it,
-// except that a grant after a passed cooldown sets it back to available.
-type Status string
-
-// The statuses a key can have. Only available keys, and rate_limited or
-// cooldown keys whose cooldown has passed, take leases.
-const (
-	StatusAvailable   Status = "available"
-	StatusPending     Status = "pending"
-	StatusDisabled    Status = "disabled"
-	StatusExhausted   Status = "exhausted"
-	StatusRateLimited Status = "rate_limited"
-	StatusCooldown    Status = "cooldown"
-)
-
-// Valid reports whether s is one of the known statuses.
-func (s Status) Valid() bool {
-	switch s {
-	case StatusAvailable, StatusPending, StatusDisabled, StatusExhausted, StatusRateLimited, StatusCooldown:
-		return true
-	}
-	return false
-}
-
-// AllocateRequest asks for one lease.
-type AllocateRequest struct {
-	Provider string
-	Pool     string
-	// Candidates are key ids, best first. Ids that are not members of
-	// Provider/Pool are skipped and never get a lease written.
-	Candidates []string
-	// TTL is the lease length, at least one millisecond.
-	TTL time.Duration
-}
-
-// LeaseRef names a lease: release and renew succeed only if all four match.
-type LeaseRef struct {
-	Provider string
-	Pool     string
-	KeyID    string
-	LeaseID  string
-}
-
-// Lease is a granted slot.
-type Lease struct {
-	LeaseRef
-	// Until is the expiry by the store's clock; after it the slot returns
-	// to the pool by itself.
-	Until time.Time
-	// Fence increases with every grant on the key, so a downstream system
-	// can reject a stale holder. It restarts at 1 if the key is deleted.
-	Fence int64
-}
-
-// Stats counts the work one Allocate did.
-type Stats struct {
-	// Attempts is the number of read-decide rounds over all candidates
-	// (for SQLite: transactions, each covering every candidate).
-	Attempts int
-	// Conflicts is the number of rounds whose commit was aborted because
-	// another allocator changed the candidate first (for SQLite: rounds
-	// retried because the file was busy).
-	Conflicts int
-	// Pruned counts expired leases this call removed: leases whose holders
-	// never released them.
-	Pruned int
-}
-
-// Key is a credential's allocation state, as the catalog knows it.
-type Key struct {
-	ID       string
-	Provider string
-	Pool     string
-	Status   Status
-	// CooldownUntil is when a rate_limited or cooldown key may be used
-	// again; zero means not set, which keeps such a key unusable.
-	CooldownUntil time.Time
-	// MaxConcurrentUses is the slot limit; below 1 counts as 1.
-	MaxConcurrentUses int
-	// LastUsedAt is written only when non-zero.
-	LastUsedAt time.Time
-	// Score is the key's ops score in the pool ZSET; Allocate never reads it.
-	Score float64
-}
-
-// Validate returns an ErrInvalid naming a malformed id or unknown status.
-func (k Key) Validate() error {
-	if err := checkIDs("key id", k.ID, "provider", k.Provider, "pool", k.Pool); err != nil {
-		return err
-	}
-	if !k.Status.Valid() {
-		return invalidf("status %q of key %s: unknown", k.Status, k.ID)
-	}
-	return nil
-}
-
-// KeyInfo is a key's live state by the store's clock.
-type KeyInfo struct {
-	ID            string
-	Exists        bool
-	Provider      string
-	Pool          string
-	Status        Status
-	CooldownUntil time.Time
-	// Limit is max_concurrent_uses as Allocate reads it (at least 1).
-	Limit int
-	// Live counts unexpired leases.
-	Live int
-	// FreeAt is the earliest moment the key can grant: the store's now if it
-	// can grant now, else the end of its cooldown or its first lease expiry,
-	// whichever is later. Zero means it never frees up by itself.
-	FreeAt time.Time
-	// Fence is the last fencing token handed out.
-	Fence int64
-}
 
 // Options configure a Store. A nil *Options means all defaults.
 type Options struct {
@@ -223,13 +84,11 @@ func (o *Options) withDefaults() Options {
 // client's PoolSize bounds concurrent calls and PoolTimeout turns an
 // exhausted pool into an ErrStore.
 type Store struct {
-	rdb  redis.UniversalClient
-	opts Options
-	keys Schema
-	// gates maps every key id the store has touched to a chan struct{} of
-	// capacity 1, its turn in this process (see enter): a few dozen bytes
-	// per key, kept for the store's life.
-	gates sync.Map
+	rdb    redis.UniversalClient
+	opts   Options
+	keys   rs.Schema
+	policy retry.Policy
+	gates  gates
 }
 
 // New returns a Store over rdb: a standalone, Sentinel (failover) or Cluster
@@ -239,8 +98,25 @@ func New(rdb redis.UniversalClient, opts *Options) (*Store, error) {
 		return nil, errors.New("optimistic: nil redis client")
 	}
 	o := opts.withDefaults()
-	if !validPrefix(o.Prefix) {
+	if !rs.ValidPrefix(o.Prefix) {
 		return nil, invalidf("prefix %q must not contain braces", o.Prefix)
 	}
-	return &Store{rdb: rdb, opts: o, keys: Schema{Prefix: o.Prefix}}, nil
+	return &Store{
+		rdb: rdb, opts: o, keys: rs.Schema{Prefix: o.Prefix},
+		policy: retry.Policy{MaxRetries: o.MaxRetries, MinBackoff: o.MinBackoff, MaxBackoff: o.MaxBackoff, MaxElapsed: o.MaxElapsed},
+	}, nil
+}
+
+// Ping checks that Redis answers: on a cluster, every master, since any of
+// them may own the next key asked for.
+func (s *Store) Ping(ctx context.Context) error {
+	var err error
+	if c, ok := s.rdb.(*redis.ClusterClient); ok {
+		err = c.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
+			return node.Ping(ctx).Err()
+		})
+	} else {
+		err = s.rdb.Ping(ctx).Err()
+	}
+	return Classify(ctx, "ping", err)
 }

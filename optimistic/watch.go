@@ -3,6 +3,8 @@ package optimistic
 import (
 	"context"
 	"errors"
+	"sync"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -37,7 +39,7 @@ func (t *txn) read(ctx context.Context, fn func(p redis.Pipeliner)) error {
 }
 
 // commit sends MULTI, the writes queued by fn and EXEC in one round trip. It
-// returns redis.TxFailedErr if a watched key changed since read.
+// returns an ErrConflict if a watched key changed since read.
 func (t *txn) commit(ctx context.Context, fn func(p redis.Pipeliner)) error {
 	_, err := t.tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		fn(p)
@@ -46,7 +48,7 @@ func (t *txn) commit(ctx context.Context, fn func(p redis.Pipeliner)) error {
 	// Same rule as go-redis: only these mean EXEC ran. On other errors the
 	// connection is either broken (and dropped) or still watching.
 	t.cleared = err == nil || errors.Is(err, redis.TxFailedErr) || redis.IsExecAbortError(err)
-	return err
+	return conflict(err)
 }
 
 // watch runs fn in a transaction watching keys (all in one slot). The
@@ -56,8 +58,9 @@ func (t *txn) commit(ctx context.Context, fn func(p redis.Pipeliner)) error {
 // For standalone, Sentinel and Cluster clients we send WATCH in the same
 // pipeline as TIME and the reads instead: two round trips per uncontended
 // attempt. Other clients (Ring, wrappers), and a cluster slot that just
-// moved, fall back to go-redis's Watch, which follows redirects. fn must
-// have no side effects outside the transaction: it may run again.
+// moved, fall back to go-redis's Watch, which follows redirects and may
+// run fn again: fn must have no effect outside the transaction but
+// assigning its own results.
 func (s *Store) watch(ctx context.Context, keys []string, fn func(*txn) error) error {
 	switch c := s.rdb.(type) {
 	case *redis.Client:
@@ -73,22 +76,41 @@ func (s *Store) watch(ctx context.Context, keys []string, fn func(*txn) error) e
 		}
 		c.ReloadState(ctx)
 	}
-	return s.rdb.Watch(ctx, func(tx *redis.Tx) error { return fn(&txn{tx: tx}) }, keys...)
+	return s.rdb.Watch(ctx, func(tx *redis.Tx) error { return run(ctx, tx, nil, fn) }, keys...)
 }
 
 // armedWatch runs fn on a fresh transaction that WATCHes keys in its first
-// pipeline. go-redis does not know about that WATCH, so if EXEC never ran we
-// send UNWATCH ourselves rather than return a watching connection to the
-// pool.
+// pipeline. go-redis does not know about that WATCH, so run releases it.
 func armedWatch(ctx context.Context, c *redis.Client, keys []string, fn func(*txn) error) error {
-	return c.Watch(ctx, func(tx *redis.Tx) error {
-		t := &txn{tx: tx, arm: keys}
-		err := fn(t)
-		if !t.cleared {
-			_ = tx.Unwatch(ctx).Err()
-		}
-		return err
-	})
+	return c.Watch(ctx, func(tx *redis.Tx) error { return run(ctx, tx, keys, fn) })
+}
+
+// run runs fn on tx and, if no EXEC cleared the watch, releases it.
+func run(ctx context.Context, tx *redis.Tx, arm []string, fn func(*txn) error) error {
+	t := &txn{tx: tx, arm: arm}
+	err := fn(t)
+	if !t.cleared {
+		unwatch(ctx, tx)
+	}
+	return err
+}
+
+// unwatchTimeout bounds the UNWATCH sent after the caller's ctx ended.
+const unwatchTimeout = time.Second
+
+// unwatch releases a WATCH that no EXEC cleared, even after ctx ended (a
+// cancelled ctx would stop go-redis before it sends anything): a watching
+// connection back in the pool would abort some later caller's EXEC.
+// go-redis drops a connection whose UNWATCH failed on the network; one
+// whose UNWATCH the server refused is told to QUIT, so the server closes
+// it and the pool discards it before it serves again.
+func unwatch(ctx context.Context, tx *redis.Tx) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), unwatchTimeout)
+	defer cancel()
+	var refused redis.Error
+	if err := tx.Unwatch(ctx).Err(); errors.As(err, &refused) {
+		_ = tx.Do(ctx, "quit").Err()
+	}
 }
 
 func isRedirect(err error) bool {
@@ -112,6 +134,42 @@ func (s *Store) owner(ctx context.Context, key string) (redis.UniversalClient, e
 // errGateBusy says another call of this process holds the key's gate.
 var errGateBusy = errors.New("optimistic: key busy in this process")
 
+// gates holds each credential's turn in this process (see enter). A gate
+// lives only while someone holds or waits for it, so the map never outgrows
+// the keys in use, and a deleted key leaves nothing behind.
+type gates struct {
+	mu sync.Mutex
+	m  map[string]*gate
+}
+
+type gate struct {
+	turn chan struct{} // capacity 1: full while held
+	refs int           // holders and waiters, guarded by gates.mu
+}
+
+func (g *gates) ref(keyID string) *gate {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.m == nil {
+		g.m = make(map[string]*gate)
+	}
+	gt := g.m[keyID]
+	if gt == nil {
+		gt = &gate{turn: make(chan struct{}, 1)}
+		g.m[keyID] = gt
+	}
+	gt.refs++
+	return gt
+}
+
+func (g *gates) unref(keyID string, gt *gate) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if gt.refs--; gt.refs == 0 {
+		delete(g.m, keyID)
+	}
+}
+
 // enter takes keyID's gate: one allocation (or admin drop) per credential
 // at a time in this process. Allocations of one process that pile onto a
 // hot key would otherwise abort each other's EXECs; queued here they
@@ -120,24 +178,25 @@ var errGateBusy = errors.New("optimistic: key busy in this process")
 // the gate is taken, it returns errGateBusy at once. Waiting holds no
 // pooled connection and ends with ctx.
 func (s *Store) enter(ctx context.Context, keyID string, wait bool) (release func(), err error) {
-	g, ok := s.gates.Load(keyID)
-	if !ok {
-		g, _ = s.gates.LoadOrStore(keyID, make(chan struct{}, 1))
+	gt := s.gates.ref(keyID)
+	release = func() {
+		<-gt.turn
+		s.gates.unref(keyID, gt)
 	}
-	ch := g.(chan struct{})
-	release = func() { <-ch }
 	if !wait {
 		select {
-		case ch <- struct{}{}:
+		case gt.turn <- struct{}{}:
 			return release, nil
 		default:
+			s.gates.unref(keyID, gt)
 			return nil, errGateBusy
 		}
 	}
 	select {
-	case ch <- struct{}{}:
+	case gt.turn <- struct{}{}:
 		return release, nil
 	case <-ctx.Done():
+		s.gates.unref(keyID, gt)
 		return nil, ctx.Err()
 	}
 }

@@ -10,7 +10,7 @@ import (
 
 	"github.com/credpool/credpool/bench/baseline"
 	"github.com/credpool/credpool/optimistic"
-	"github.com/credpool/credpool/test/conformance"
+	"github.com/credpool/credpool/optimistic/leasetest"
 	"github.com/credpool/credpool/test/redistest"
 )
 
@@ -21,15 +21,15 @@ func newBaseline(t *testing.T, rdb redis.UniversalClient) optimistic.LeaseStore 
 }
 
 func TestBaselineConformance(t *testing.T) {
-	conformance.Run(t, func(t *testing.T) conformance.Backend { return redisBackend(t, false, newBaseline) })
+	leasetest.Run(t, func(t *testing.T) leasetest.Backend { return redisBackend(t, false, newBaseline) })
 }
 
 func TestBaselineConformanceCluster(t *testing.T) {
-	conformance.Run(t, func(t *testing.T) conformance.Backend { return redisBackend(t, true, newBaseline) })
+	leasetest.Run(t, func(t *testing.T) leasetest.Backend { return redisBackend(t, true, newBaseline) })
 }
 
 func TestBaselineStress(t *testing.T) {
-	conformance.Stress(t, func(t *testing.T) conformance.Backend { return redisBackend(t, false, newBaseline) }, 3*time.Second)
+	leasetest.Stress(t, func(t *testing.T) leasetest.Backend { return redisBackend(t, false, newBaseline) }, 3*time.Second)
 }
 
 // Both stores use one key schema, so either one sees, releases, renews and
@@ -61,7 +61,7 @@ func TestStoresShareSchema(t *testing.T) {
 func crossStore(t *testing.T, writer, other optimistic.LeaseStore, keyID string) {
 	ctx := context.Background()
 	req := optimistic.AllocateRequest{Provider: "openai", Pool: "default", Candidates: []string{keyID}, TTL: time.Minute}
-	require.NoError(t, writer.SyncKey(ctx, optimistic.Key{
+	require.NoError(t, writer.SyncKey(ctx, optimistic.KeyState{
 		ID: keyID, Provider: req.Provider, Pool: req.Pool, Status: optimistic.StatusAvailable, MaxConcurrentUses: 2,
 	}))
 	first, _, err := writer.Allocate(ctx, req)

@@ -22,7 +22,7 @@ func TestLostExecReplyReturnsCommittedLease(t *testing.T) {
 	store, err := optimistic.New(rdb, nil)
 	require.NoError(t, err)
 	ctx := context.Background()
-	require.NoError(t, store.SyncKey(ctx, optimistic.Key{
+	require.NoError(t, store.SyncKey(ctx, optimistic.KeyState{
 		ID: "k", Provider: "openai", Pool: "default", Status: optimistic.StatusAvailable, MaxConcurrentUses: 2,
 	}))
 

@@ -21,10 +21,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/credpool/credpool/handlers"
+	"github.com/credpool/credpool/internal/broker"
+	"github.com/credpool/credpool/internal/catalog"
+	"github.com/credpool/credpool/internal/sqlitestore"
+	"github.com/credpool/credpool/internal/sqlitex"
 	"github.com/credpool/credpool/optimistic"
-	"github.com/credpool/credpool/optimistic/broker"
-	"github.com/credpool/credpool/optimistic/catalog"
-	"github.com/credpool/credpool/optimistic/sqlitestore"
 	"github.com/credpool/credpool/test/redistest"
 )
 
@@ -93,7 +94,7 @@ func (contendedStore) Allocate(context.Context, optimistic.AllocateRequest) (opt
 func startService(t *testing.T, o serviceOptions) *service {
 	t.Helper()
 	ctx := context.Background()
-	db, err := sqlitestore.Open(filepath.Join(t.TempDir(), "credpool.db"))
+	db, err := sqlitex.Open(filepath.Join(t.TempDir(), "credpool.db"))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = db.Close() })
 	cat, err := catalog.New(ctx, db)
@@ -102,7 +103,7 @@ func startService(t *testing.T, o serviceOptions) *service {
 	name := "sqlite"
 	var requests broker.RequestLog
 	if o.sqlite {
-		store, err := sqlitestore.New(db, nil)
+		store, err := sqlitestore.New(context.Background(), db, nil)
 		require.NoError(t, err)
 		s.store, requests = store, store.Requests()
 	} else {

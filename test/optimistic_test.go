@@ -8,24 +8,25 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/credpool/credpool/internal/redisschema"
 	"github.com/credpool/credpool/optimistic"
-	"github.com/credpool/credpool/test/conformance"
+	"github.com/credpool/credpool/optimistic/leasetest"
 	"github.com/credpool/credpool/test/redistest"
 )
 
 // redisBackend wraps any store built on a fresh redis-server for the suite.
-func redisBackend(t *testing.T, cluster bool, newStore func(t *testing.T, rdb redis.UniversalClient) optimistic.LeaseStore) conformance.Backend {
+func redisBackend(t *testing.T, cluster bool, newStore func(t *testing.T, rdb redis.UniversalClient) optimistic.LeaseStore) leasetest.Backend {
 	start := redistest.Start
 	if cluster {
 		start = redistest.StartCluster
 	}
 	srv := start(t)
 	rdb := srv.Client(t)
-	return conformance.Backend{
+	return leasetest.Backend{
 		Store: newStore(t, rdb),
 		SetField: func(t *testing.T, keyID, field string, value *string) {
 			t.Helper()
-			name := optimistic.Schema{Prefix: "credpool"}.Key(keyID)
+			name := redisschema.Schema{Prefix: "credpool"}.Key(keyID)
 			var err error
 			if value == nil {
 				err = rdb.HDel(context.Background(), name, field).Err()
@@ -46,13 +47,13 @@ func newOptimistic(t *testing.T, rdb redis.UniversalClient) optimistic.LeaseStor
 }
 
 func TestOptimisticConformance(t *testing.T) {
-	conformance.Run(t, func(t *testing.T) conformance.Backend { return redisBackend(t, false, newOptimistic) })
+	leasetest.Run(t, func(t *testing.T) leasetest.Backend { return redisBackend(t, false, newOptimistic) })
 }
 
 func TestOptimisticConformanceCluster(t *testing.T) {
-	conformance.Run(t, func(t *testing.T) conformance.Backend { return redisBackend(t, true, newOptimistic) })
+	leasetest.Run(t, func(t *testing.T) leasetest.Backend { return redisBackend(t, true, newOptimistic) })
 }
 
 func TestOptimisticStress(t *testing.T) {
-	conformance.Stress(t, func(t *testing.T) conformance.Backend { return redisBackend(t, false, newOptimistic) }, 3*time.Second)
+	leasetest.Stress(t, func(t *testing.T) leasetest.Backend { return redisBackend(t, false, newOptimistic) }, 3*time.Second)
 }

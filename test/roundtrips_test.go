@@ -8,6 +8,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/credpool/credpool/internal/redisproc"
 	"github.com/credpool/credpool/optimistic"
 	"github.com/credpool/credpool/test/redistest"
 )
@@ -26,14 +27,14 @@ func TestAllocateRoundTrips(t *testing.T) {
 		require.NoError(t, err)
 		ctx := context.Background()
 		for _, id := range []string{"full", "free"} {
-			require.NoError(t, store.SyncKey(ctx, optimistic.Key{ID: id, Provider: "openai", Pool: "default", Status: optimistic.StatusAvailable, MaxConcurrentUses: 1}))
+			require.NoError(t, store.SyncKey(ctx, optimistic.KeyState{ID: id, Provider: "openai", Pool: "default", Status: optimistic.StatusAvailable, MaxConcurrentUses: 1}))
 		}
 		req := optimistic.AllocateRequest{Provider: "openai", Pool: "default", TTL: time.Minute}
 		req.Candidates = []string{"full"}
 		_, _, err = store.Allocate(ctx, req)
 		require.NoError(t, err)
 
-		var rt redistest.RoundTrips
+		var rt redisproc.RoundTrips
 		if cluster {
 			// Transactions run on the node's own client.
 			node, err := rdb.(*redis.ClusterClient).MasterForKey(ctx, "x")
@@ -67,7 +68,7 @@ func TestSkippedCandidateLeavesNoWatch(t *testing.T) {
 	store, err := optimistic.New(rdb, nil)
 	require.NoError(t, err)
 	ctx := context.Background()
-	require.NoError(t, store.SyncKey(ctx, optimistic.Key{ID: "k", Provider: "openai", Pool: "default", Status: optimistic.StatusDisabled}))
+	require.NoError(t, store.SyncKey(ctx, optimistic.KeyState{ID: "k", Provider: "openai", Pool: "default", Status: optimistic.StatusDisabled}))
 
 	_, _, err = store.Allocate(ctx, optimistic.AllocateRequest{Provider: "openai", Pool: "default", Candidates: []string{"k"}, TTL: time.Minute})
 	require.ErrorIs(t, err, optimistic.ErrNoCapacity)

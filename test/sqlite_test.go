@@ -17,15 +17,16 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/credpool/credpool/internal/sqlitestore"
+	"github.com/credpool/credpool/internal/sqlitex"
 	"github.com/credpool/credpool/optimistic"
-	"github.com/credpool/credpool/optimistic/sqlitestore"
-	"github.com/credpool/credpool/test/conformance"
+	"github.com/credpool/credpool/optimistic/leasetest"
 )
 
-// openSQLite opens a SQLite file with sqlitestore.Open, closed when t ends.
+// openSQLite opens a SQLite file with sqlitex.Open, closed when t ends.
 func openSQLite(t *testing.T, path string) *sql.DB {
 	t.Helper()
-	db, err := sqlitestore.Open(path)
+	db, err := sqlitex.Open(path)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = db.Close() })
 	return db
@@ -33,15 +34,15 @@ func openSQLite(t *testing.T, path string) *sql.DB {
 
 func newSQLiteStore(t *testing.T, db *sql.DB, opts *sqlitestore.Options) *sqlitestore.Store {
 	t.Helper()
-	s, err := sqlitestore.New(db, opts)
+	s, err := sqlitestore.New(context.Background(), db, opts)
 	require.NoError(t, err)
 	return s
 }
 
 // sqliteBackend is a store on a fresh file.
-func sqliteBackend(t *testing.T) conformance.Backend {
+func sqliteBackend(t *testing.T) leasetest.Backend {
 	db := openSQLite(t, filepath.Join(t.TempDir(), "leases.db"))
-	return conformance.Backend{
+	return leasetest.Backend{
 		Store: newSQLiteStore(t, db, nil),
 		SetField: func(t *testing.T, keyID, field string, value *string) {
 			t.Helper()
@@ -108,11 +109,11 @@ func findInSQLite(t *testing.T, db *sql.DB, s string) []string {
 }
 
 func TestSQLiteConformance(t *testing.T) {
-	conformance.Run(t, sqliteBackend)
+	leasetest.Run(t, sqliteBackend)
 }
 
 func TestSQLiteStress(t *testing.T) {
-	conformance.Stress(t, sqliteBackend, 3*time.Second)
+	leasetest.Stress(t, sqliteBackend, 3*time.Second)
 }
 
 // mode=ro rather than chmod: tests may run as root, which ignores file modes.
@@ -120,7 +121,7 @@ func TestSQLiteReadOnlyFileIsStoreError(t *testing.T) {
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "leases.db")
 	db := openSQLite(t, path)
-	require.NoError(t, newSQLiteStore(t, db, nil).SyncKey(ctx, optimistic.Key{
+	require.NoError(t, newSQLiteStore(t, db, nil).SyncKey(ctx, optimistic.KeyState{
 		ID: "k", Provider: "openai", Pool: "default", Status: optimistic.StatusAvailable, MaxConcurrentUses: 1,
 	}))
 	require.NoError(t, db.Close())
@@ -146,10 +147,10 @@ func TestSQLiteReadOnlyFileIsStoreError(t *testing.T) {
 // A corrupt file is a store failure, never "full" or "contended".
 func TestSQLiteCorruptFileIsStoreError(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "leases.db")
-	db, err := sqlitestore.Open(path)
+	db, err := sqlitex.Open(path)
 	require.NoError(t, err)
 	store := newSQLiteStore(t, db, nil)
-	require.NoError(t, store.SyncKey(context.Background(), optimistic.Key{
+	require.NoError(t, store.SyncKey(context.Background(), optimistic.KeyState{
 		ID: "k", Provider: "openai", Pool: "default", Status: optimistic.StatusAvailable, MaxConcurrentUses: 1,
 	}))
 	require.NoError(t, db.Close())
@@ -163,7 +164,7 @@ func TestSQLiteCorruptFileIsStoreError(t *testing.T) {
 	}
 	require.NoError(t, os.WriteFile(path, raw, 0o600))
 
-	_, err = sqlitestore.New(openSQLite(t, path), nil)
+	_, err = sqlitestore.New(context.Background(), openSQLite(t, path), nil)
 	require.ErrorIs(t, err, optimistic.ErrStore)
 	require.NotErrorIs(t, err, optimistic.ErrNoCapacity)
 	require.NotErrorIs(t, err, optimistic.ErrContended)
@@ -175,7 +176,7 @@ func TestSQLiteLockedFileIsContended(t *testing.T) {
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "leases.db")
 	holder := openSQLite(t, path)
-	require.NoError(t, newSQLiteStore(t, holder, nil).SyncKey(ctx, optimistic.Key{
+	require.NoError(t, newSQLiteStore(t, holder, nil).SyncKey(ctx, optimistic.KeyState{
 		ID: "k", Provider: "openai", Pool: "default", Status: optimistic.StatusAvailable, MaxConcurrentUses: 1,
 	}))
 	// A short busy_timeout keeps each try quick.
@@ -236,7 +237,7 @@ func TestSQLiteTwoProcessesOneHolder(t *testing.T) {
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "leases.db")
 	store := newSQLiteStore(t, openSQLite(t, path), nil)
-	require.NoError(t, store.SyncKey(ctx, optimistic.Key{
+	require.NoError(t, store.SyncKey(ctx, optimistic.KeyState{
 		ID: "k", Provider: "openai", Pool: "default", Status: optimistic.StatusAvailable, MaxConcurrentUses: 1,
 	}))
 

@@ -3,6 +3,7 @@ package baseline
 import (
 	"context"
 
+	rs "github.com/credpool/credpool/internal/redisschema"
 	"github.com/credpool/credpool/optimistic"
 )
 
@@ -15,7 +16,7 @@ func (s *Store) DeleteKey(ctx context.Context, keyID string) error {
 	if err := optimistic.CheckKeyIDs(keyID); err != nil {
 		return err
 	}
-	owner, err := s.rdb.HMGet(ctx, s.keys.Key(keyID), "provider", "pool").Result()
+	owner, err := s.rdb.HMGet(ctx, s.keys.Key(keyID), rs.FieldProvider, rs.FieldPool).Result()
 	if err != nil {
 		return optimistic.Classify(ctx, "delete key", err)
 	}

@@ -1,7 +1,8 @@
 // Package baseline is the benchmark's reference lease store: the seed
 // article's Redis Lua script behind optimistic.LeaseStore. It uses the
-// optimistic store's key schema (optimistic.Schema) and hash fields, so a
-// key synced or leased through one store is seen the same way by the other.
+// optimistic store's key schema and hash fields (internal/redisschema), so
+// a key synced or leased through one store is seen the same way by the
+// other.
 //
 // The seed allocates in one EVAL that loops over every candidate. That is
 // fine on a single node but not on Redis Cluster: the candidates live in

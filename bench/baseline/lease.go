@@ -25,7 +25,7 @@ func (s *Store) Release(ctx context.Context, ref optimistic.LeaseRef) error {
 	if why == "released" {
 		return nil
 	}
-	return notHeld("release", ref.LeaseID, why)
+	return notHeld(ctx, "release", ref.LeaseID, why)
 }
 
 // Renew moves a live lease's expiry to now+ttl (Redis clock) and returns it,
@@ -49,7 +49,7 @@ func (s *Store) Renew(ctx context.Context, ref optimistic.LeaseRef, ttl time.Dur
 		return time.UnixMilli(until), nil
 	}
 	why, _ := res.(string)
-	return time.Time{}, notHeld("renew", ref.LeaseID, why)
+	return time.Time{}, notHeld(ctx, "renew", ref.LeaseID, why)
 }
 
 // leaseKeys are KEYS of release.lua and renew.lua.
@@ -59,7 +59,7 @@ func (s *Store) leaseKeys(ref optimistic.LeaseRef) []string {
 
 // notHeld turns a script's reason for refusing a lease into the contract's
 // error, worded as the optimistic store words it.
-func notHeld(op, leaseID, why string) error {
+func notHeld(ctx context.Context, op, leaseID, why string) error {
 	switch why {
 	case "unknown":
 		return fmt.Errorf("%w: lease %s is unknown, released or expired", optimistic.ErrLeaseLost, leaseID)
@@ -68,5 +68,5 @@ func notHeld(op, leaseID, why string) error {
 	case "expired":
 		return fmt.Errorf("%w: lease %s expired", optimistic.ErrLeaseLost, leaseID)
 	}
-	return optimistic.StoreError(op, fmt.Errorf("unexpected script reply %q", why))
+	return optimistic.Classify(ctx, op, fmt.Errorf("unexpected script reply %q", why))
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	rs "github.com/credpool/credpool/internal/redisschema"
 	"github.com/credpool/credpool/optimistic"
 )
 
@@ -47,8 +48,8 @@ func (o *Options) withDefaults() Options {
 type Store struct {
 	rdb  redis.UniversalClient
 	opts Options
-	keys optimistic.Schema
-	// direct runs SyncKey and Inspect, which need no script.
+	keys rs.Schema
+	// direct runs SyncKey, Inspect and Ping, which need no script.
 	direct *optimistic.Store
 }
 
@@ -64,13 +65,13 @@ func New(rdb redis.UniversalClient, opts *Options) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Store{rdb: rdb, opts: o, keys: optimistic.Schema{Prefix: o.Prefix}, direct: direct}, nil
+	return &Store{rdb: rdb, opts: o, keys: rs.Schema{Prefix: o.Prefix}, direct: direct}, nil
 }
 
 // SyncKey upserts a key's allocation state and pool membership with the
 // optimistic store's commands; see optimistic.Store.SyncKey for what a
 // failure leaves behind.
-func (s *Store) SyncKey(ctx context.Context, k optimistic.Key) error {
+func (s *Store) SyncKey(ctx context.Context, k optimistic.KeyState) error {
 	return s.direct.SyncKey(ctx, k)
 }
 
@@ -79,3 +80,6 @@ func (s *Store) SyncKey(ctx context.Context, k optimistic.Key) error {
 func (s *Store) Inspect(ctx context.Context, keyIDs ...string) ([]optimistic.KeyInfo, error) {
 	return s.direct.Inspect(ctx, keyIDs...)
 }
+
+// Ping checks that Redis answers, as optimistic.Store.Ping does.
+func (s *Store) Ping(ctx context.Context) error { return s.direct.Ping(ctx) }

@@ -50,7 +50,7 @@ func TestLuaParsesLikeGo(t *testing.T) {
 func TestResentAllocateReturnsSameLease(t *testing.T) {
 	s, _ := newTestStore(t)
 	ctx := context.Background()
-	require.NoError(t, s.SyncKey(ctx, optimistic.Key{
+	require.NoError(t, s.SyncKey(ctx, optimistic.KeyState{
 		ID: "k", Provider: "openai", Pool: "default", Status: optimistic.StatusAvailable, MaxConcurrentUses: 2,
 	}))
 	req := optimistic.AllocateRequest{Provider: "openai", Pool: "default", Candidates: []string{"k"}, TTL: time.Minute}

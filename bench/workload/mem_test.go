@@ -69,7 +69,7 @@ func (m *memStore) Renew(context.Context, optimistic.LeaseRef, time.Duration) (t
 	return time.Time{}, fmt.Errorf("memStore: renew is not used by the runner")
 }
 
-func (m *memStore) SyncKey(_ context.Context, k optimistic.Key) error {
+func (m *memStore) SyncKey(_ context.Context, k optimistic.KeyState) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.limits[k.ID] = k.MaxConcurrentUses
@@ -112,3 +112,5 @@ func (m *memStore) Inspect(_ context.Context, ids ...string) ([]optimistic.KeyIn
 	}
 	return out, nil
 }
+
+func (m *memStore) Ping(context.Context) error { return nil }

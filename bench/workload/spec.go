@@ -150,8 +150,8 @@ func (s Spec) KeyIDs() []string {
 }
 
 // Key is key i's allocation state, to sync into a store before a run.
-func (s Spec) Key(i int) optimistic.Key {
-	return optimistic.Key{
+func (s Spec) Key(i int) optimistic.KeyState {
+	return optimistic.KeyState{
 		ID: KeyID(i), Provider: Provider, Pool: Pool,
 		Status: optimistic.StatusAvailable, MaxConcurrentUses: s.Limit,
 	}

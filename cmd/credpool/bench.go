@@ -60,11 +60,11 @@ func runBench(args []string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	if worker {
-		return bench.Worker(ctx, os.Stdin, os.Stdout, bench.Strategies)
+		return bench.Worker(ctx, os.Stdin, os.Stdout, bench.Strategies())
 	}
 
 	var err error
-	if cfg.Strategies, err = bench.Select(bench.Strategies, strategies); err != nil {
+	if cfg.Strategies, err = bench.Select(bench.Strategies(), strategies); err != nil {
 		return err
 	}
 	grid.Scenarios = splitList(scenarios)

@@ -21,10 +21,11 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/credpool/credpool/handlers"
+	"github.com/credpool/credpool/internal/broker"
+	"github.com/credpool/credpool/internal/catalog"
+	"github.com/credpool/credpool/internal/sqlitestore"
+	"github.com/credpool/credpool/internal/sqlitex"
 	"github.com/credpool/credpool/optimistic"
-	"github.com/credpool/credpool/optimistic/broker"
-	"github.com/credpool/credpool/optimistic/catalog"
-	"github.com/credpool/credpool/optimistic/sqlitestore"
 )
 
 type serveConfig struct {
@@ -94,7 +95,7 @@ func serve(args []string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 
-	db, err := sqlitestore.Open(cfg.db)
+	db, err := sqlitex.Open(cfg.db)
 	if err != nil {
 		return err
 	}
@@ -169,7 +170,7 @@ type leaseStore struct {
 // given, else SQLite in the catalog's file.
 func openStore(ctx context.Context, cfg serveConfig, db *sql.DB) (leaseStore, error) {
 	if cfg.redisURL == "" {
-		s, err := sqlitestore.New(db, nil)
+		s, err := sqlitestore.New(ctx, db, nil)
 		if err != nil {
 			return leaseStore{}, err
 		}
@@ -231,9 +232,9 @@ func ensureKeys(cfg *serveConfig) error {
 	return nil
 }
 
-// parseWeights overrides optimistic.DefaultWeights with name=value pairs.
-func parseWeights(s string) (optimistic.Weights, error) {
-	w := optimistic.DefaultWeights
+// parseWeights overrides broker.DefaultWeights with name=value pairs.
+func parseWeights(s string) (broker.Weights, error) {
+	w := broker.DefaultWeights()
 	fields := map[string]*float64{
 		"capacity": &w.Capacity, "idle": &w.Idle, "success": &w.Success, "error": &w.Error,
 		"rate_limit": &w.RateLimit, "cooldown": &w.Cooldown, "freshness": &w.Freshness, "jitter": &w.Jitter,
@@ -257,8 +258,8 @@ func parseWeights(s string) (optimistic.Weights, error) {
 }
 
 // parsePoolOrder reads "vip=default;gold=silver+default".
-func parsePoolOrder(s string) (optimistic.PoolOrder, error) {
-	o := optimistic.PoolOrder{}
+func parsePoolOrder(s string) (broker.PoolOrder, error) {
+	o := broker.PoolOrder{}
 	for _, rule := range strings.Split(s, ";") {
 		if rule = strings.TrimSpace(rule); rule == "" {
 			continue

@@ -17,7 +17,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/credpool/credpool/optimistic"
+	"github.com/credpool/credpool/internal/broker"
 )
 
 // TestMain lets the test binary stand in for credpool: with
@@ -33,7 +33,7 @@ func TestMain(m *testing.M) {
 func TestParseWeights(t *testing.T) {
 	w, err := parseWeights("capacity=2, jitter=0 ,rate_limit=0.7")
 	require.NoError(t, err)
-	want := optimistic.DefaultWeights
+	want := broker.DefaultWeights()
 	want.Capacity, want.Jitter, want.RateLimit = 2, 0, 0.7
 	require.Equal(t, want, w)
 	for _, bad := range []string{"capacity", "speed=1", "idle=-1", "idle=x"} {
@@ -45,7 +45,7 @@ func TestParseWeights(t *testing.T) {
 func TestParsePoolOrder(t *testing.T) {
 	o, err := parsePoolOrder("vip=default; gold=silver+default")
 	require.NoError(t, err)
-	require.Equal(t, optimistic.PoolOrder{"vip": {"default"}, "gold": {"silver", "default"}}, o)
+	require.Equal(t, broker.PoolOrder{"vip": {"default"}, "gold": {"silver", "default"}}, o)
 	for _, bad := range []string{"vip", "vip=", "a/b=default", "vip=de fault"} {
 		_, err := parsePoolOrder(bad)
 		require.Error(t, err, bad)

@@ -1,0 +1,146 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/credpool/credpool/internal/catalog"
+	"github.com/credpool/credpool/optimistic"
+)
+
+// AdminCatalog is what key administration needs from the catalog.
+type AdminCatalog interface {
+	Put(ctx context.Context, k catalog.Key) (catalog.Key, error)
+	Get(ctx context.Context, id string) (catalog.Key, error)
+	List(ctx context.Context, provider, pool string) ([]catalog.Key, error)
+	Delete(ctx context.Context, id string) error
+	SetAlias(ctx context.Context, provider, alias, model string) error
+	Ping(ctx context.Context) error
+}
+
+// Admin manages keys: the catalog first (the source of truth), then the
+// store. It is safe for concurrent use.
+type Admin struct {
+	catalog AdminCatalog
+	store   optimistic.LeaseStore
+}
+
+// NewAdmin returns an Admin over a catalog and a lease store.
+func NewAdmin(c AdminCatalog, s optimistic.LeaseStore) *Admin {
+	return &Admin{catalog: c, store: s}
+}
+
+// KeyView is a key as an operator sees it: catalog fields and live state,
+// never the secret.
+type KeyView struct {
+	catalog.Key
+	// Live counts unexpired leases; FreeAt is when the key can next grant
+	// (zero: never by itself). Both come from the store.
+	Live   int
+	FreeAt time.Time
+	// InStore is false if the store has no state for the key (sync needed).
+	InStore bool
+}
+
+// Put upserts a key in the catalog, then syncs its allocation state to the
+// store. If the store fails, the catalog keeps the change and the error
+// says so; a later Sync repairs the store.
+func (a *Admin) Put(ctx context.Context, k catalog.Key) (catalog.Key, error) {
+	stored, err := a.catalog.Put(ctx, k)
+	if err != nil {
+		return catalog.Key{}, catalogErr(ctx, "put key", err)
+	}
+	return stored, a.store.SyncKey(ctx, stored.LeaseState())
+}
+
+// Keys lists every key with its live state (one store round trip),
+// without secrets.
+func (a *Admin) Keys(ctx context.Context) ([]KeyView, error) {
+	keys, err := a.catalog.List(ctx, "", "")
+	if err != nil {
+		return nil, catalogErr(ctx, "list keys", err)
+	}
+	return a.views(ctx, keys...)
+}
+
+// Key returns one key with its live state; catalog.ErrNotFound if absent.
+func (a *Admin) Key(ctx context.Context, id string) (KeyView, error) {
+	k, err := a.catalog.Get(ctx, id)
+	if err != nil {
+		return KeyView{}, catalogErr(ctx, "get key", err)
+	}
+	v, err := a.views(ctx, k)
+	if err != nil {
+		return KeyView{}, err
+	}
+	return v[0], nil
+}
+
+func (a *Admin) views(ctx context.Context, keys ...catalog.Key) ([]KeyView, error) {
+	ids := make([]string, len(keys))
+	for i, k := range keys {
+		ids[i] = k.ID
+	}
+	infos, err := a.store.Inspect(ctx, ids...)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]KeyView, len(keys))
+	for i, k := range keys {
+		k.Secret = ""
+		out[i] = KeyView{Key: k, Live: infos[i].Live, FreeAt: infos[i].FreeAt, InStore: infos[i].Exists}
+	}
+	return out, nil
+}
+
+// Delete removes the key from the catalog and every trace of it from the
+// store; its leases are lost. catalog.ErrNotFound if it was not in the
+// catalog (the store is cleaned anyway).
+func (a *Admin) Delete(ctx context.Context, id string) error {
+	if err := optimistic.CheckKeyIDs(id); err != nil {
+		return err
+	}
+	err := a.catalog.Delete(ctx, id)
+	if err != nil && !errors.Is(err, catalog.ErrNotFound) {
+		return catalogErr(ctx, "delete key", err)
+	}
+	if serr := a.store.DeleteKey(ctx, id); serr != nil {
+		return serr
+	}
+	return err
+}
+
+// ClearLeases force-releases every lease of the key.
+func (a *Admin) ClearLeases(ctx context.Context, id string) (int, error) {
+	return a.store.ClearLeases(ctx, id)
+}
+
+// Sync rewrites the store's state of every catalog key and returns how
+// many were synced. Keys deleted from the catalog behind the store's back
+// are not found by it; delete them through Delete.
+func (a *Admin) Sync(ctx context.Context) (int, error) {
+	keys, err := a.catalog.List(ctx, "", "")
+	if err != nil {
+		return 0, catalogErr(ctx, "list keys", err)
+	}
+	for i, k := range keys {
+		if err := a.store.SyncKey(ctx, k.LeaseState()); err != nil {
+			return i, err
+		}
+	}
+	return len(keys), nil
+}
+
+// SetAlias makes alias name model for the provider's requests.
+func (a *Admin) SetAlias(ctx context.Context, provider, alias, model string) error {
+	return catalogErr(ctx, "set alias", a.catalog.SetAlias(ctx, provider, alias, model))
+}
+
+// Ready reports whether the catalog and the store answer.
+func (a *Admin) Ready(ctx context.Context) error {
+	if err := a.catalog.Ping(ctx); err != nil {
+		return catalogErr(ctx, "ping", err)
+	}
+	return a.store.Ping(ctx)
+}

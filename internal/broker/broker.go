@@ -1,0 +1,296 @@
+// Package broker is one allocate request end to end: pick the pools in
+// fallback order, filter the catalog's keys, rank them (weights and
+// jitter, rank.go), lease a slot from the store, repair the store's view
+// from the catalog when it answers "full" the first time, then re-check the
+// catalog before handing out the credential and give the slot back if the
+// key was disabled, moved or deleted meanwhile. It also serves renew,
+// report and release, and key administration (Admin).
+package broker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/credpool/credpool/internal/catalog"
+	"github.com/credpool/credpool/optimistic"
+)
+
+// The broker's own outcomes; the store's (optimistic.ErrNoCapacity,
+// ErrContended, ErrStore, ErrInvalid) pass through unchanged.
+var (
+	// ErrNoCandidates means the provider has no keys at all in the
+	// requested pool or its fallbacks.
+	ErrNoCandidates = errors.New("broker: no keys for this provider and pool")
+	// ErrPolicy means keys exist but the request conflicts with policy:
+	// none of them serves the requested model.
+	ErrPolicy = errors.New("broker: request conflicts with policy")
+	// ErrCatalog wraps a failure of the catalog database.
+	ErrCatalog = errors.New("broker: catalog unavailable")
+)
+
+// Catalog is what the broker needs from the key catalog.
+type Catalog interface {
+	List(ctx context.Context, provider, pool string) ([]catalog.Key, error)
+	Get(ctx context.Context, id string) (catalog.Key, error)
+	ResolveModel(ctx context.Context, provider, model string) (string, error)
+	MarkUsed(ctx context.Context, id string, at time.Time) error
+	RecoverCooldown(ctx context.Context, id string, now time.Time) (bool, error)
+	Report(ctx context.Context, id string, o catalog.Outcome, retryAfter time.Duration, now time.Time) (catalog.Key, error)
+}
+
+// RequestLog remembers which lease answered an allocate request id, so a
+// retried request gets the same lease back instead of a second slot.
+// optimistic.Store.Requests and sqlitestore.Store.Requests implement it.
+type RequestLog interface {
+	// Claim reserves id for ttl: claimed true means the caller owns it and
+	// must Record or Forget it; otherwise it returns the lease that
+	// answered id, or optimistic.ErrRequestInFlight.
+	Claim(ctx context.Context, id string, ttl time.Duration) (l optimistic.Lease, claimed bool, err error)
+	Record(ctx context.Context, id string, l optimistic.Lease) error
+	Forget(ctx context.Context, id string) error
+}
+
+// Options configure a Broker; nil means defaults.
+type Options struct {
+	// Requests makes request ids idempotent; without it a request that
+	// carries one is rejected as invalid.
+	//
+	// default: nil
+	Requests RequestLog
+	// Weights rank candidates.
+	//
+	// default: DefaultWeights()
+	Weights *Weights
+	// Pools is the pool fallback order.
+	//
+	// default: DefaultPoolOrder() (vip borrows default)
+	Pools PoolOrder
+	// Logger receives one line per decision worth knowing (a grant given
+	// back, a cache repair). It logs key and lease ids, never secrets.
+	//
+	// default: slog.Default()
+	Logger *slog.Logger
+}
+
+// Broker serves allocate requests. It is safe for concurrent use.
+type Broker struct {
+	catalog  Catalog
+	store    optimistic.LeaseStore
+	requests RequestLog
+	weights  Weights
+	pools    PoolOrder
+	log      *slog.Logger
+
+	mu  sync.Mutex // guards rng
+	rng *rand.Rand
+}
+
+// New returns a Broker over a catalog and a lease store.
+func New(c Catalog, s optimistic.LeaseStore, opts *Options) *Broker {
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	b := &Broker{
+		catalog: c, store: s, requests: o.Requests, weights: DefaultWeights(), pools: o.Pools, log: o.Logger,
+		rng: rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
+	}
+	if o.Weights != nil {
+		b.weights = *o.Weights
+	}
+	if b.log == nil {
+		b.log = slog.Default()
+	}
+	return b
+}
+
+// Request asks for one credential.
+type Request struct {
+	Provider string
+	// Model is the model the caller wants; aliases are resolved.
+	Model string
+	Pool  string
+	TTL   time.Duration
+	// RequestID, if set, makes the request idempotent: the same provider
+	// and id again while the lease lives returns that lease (renewed to
+	// TTL), not a second slot.
+	RequestID string
+}
+
+// Grant is a leased credential.
+type Grant struct {
+	optimistic.Lease
+	// Model is the canonical model to ask the provider for.
+	Model  string
+	Secret catalog.Secret
+	// Stats sum the store's work over every allocate call made.
+	Stats optimistic.Stats
+}
+
+// Allocate leases a key for req. Errors: ErrNoCandidates (no keys in the
+// pools), ErrPolicy (no key serves the model, or none of those that do is
+// usable or will be by itself), a *optimistic.CapacityError (keys serve
+// the model but none has a slot now; FreeAt is the earliest lease expiry or
+// cooldown end), optimistic.ErrContended, optimistic.ErrRequestInFlight,
+// optimistic.ErrStore, ErrCatalog, optimistic.ErrInvalid, or ctx's error.
+// On error no lease is held, except one whose grant reply the store lost
+// (see optimistic.Store.Allocate): it expires by itself.
+func (b *Broker) Allocate(ctx context.Context, req Request) (Grant, error) {
+	if err := validate(req); err != nil {
+		return Grant{}, err
+	}
+	if req.RequestID != "" && b.requests == nil {
+		return Grant{}, fmt.Errorf("%w: request_id: not supported by this lease store", optimistic.ErrInvalid)
+	}
+	model, err := b.catalog.ResolveModel(ctx, req.Provider, req.Model)
+	if err != nil {
+		return Grant{}, catalogErr(ctx, "resolve model", err)
+	}
+	if req.RequestID == "" {
+		return b.allocate(ctx, req, model)
+	}
+	return b.allocateOnce(ctx, req, model)
+}
+
+// allocateOnce is Allocate for a request with an id: a replay gets the
+// recorded lease, renewed; a first request allocates and records.
+func (b *Broker) allocateOnce(ctx context.Context, req Request, model string) (Grant, error) {
+	id := req.Provider + "/" + req.RequestID
+	for range 2 {
+		prior, claimed, err := b.requests.Claim(ctx, id, req.TTL)
+		if err != nil {
+			return Grant{}, err
+		}
+		if claimed {
+			g, err := b.allocate(ctx, req, model)
+			if err != nil {
+				b.forget(ctx, id)
+				return g, err
+			}
+			if err := b.requests.Record(ctx, id, g.Lease); err != nil {
+				b.log.WarnContext(ctx, "record request id", "key_id", g.KeyID, "lease_id", g.LeaseID, "err", err)
+			}
+			return g, nil
+		}
+		g, err := b.replay(ctx, prior, model, req.TTL)
+		if !errors.Is(err, optimistic.ErrLeaseLost) {
+			return g, err
+		}
+		// The recorded lease is gone: the id is free again.
+		b.forget(ctx, id)
+	}
+	return Grant{}, optimistic.ErrRequestInFlight
+}
+
+// replay hands out a recorded lease again, renewed to ttl, if its key
+// still backs it.
+func (b *Broker) replay(ctx context.Context, l optimistic.Lease, model string, ttl time.Duration) (Grant, error) {
+	until, err := b.Renew(ctx, l.LeaseRef, ttl)
+	if err != nil {
+		return Grant{}, err
+	}
+	k, err := b.catalog.Get(ctx, l.KeyID)
+	if err != nil {
+		return Grant{}, catalogErr(ctx, "replay", err)
+	}
+	l.Until = until
+	return Grant{Lease: l, Model: model, Secret: k.Secret}, nil
+}
+
+func (b *Broker) forget(ctx context.Context, id string) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	defer cancel()
+	if err := b.requests.Forget(ctx, id); err != nil {
+		b.log.WarnContext(ctx, "forget request id", "err", err)
+	}
+}
+
+// allocate runs the broker flow over the pools in fallback order.
+func (b *Broker) allocate(ctx context.Context, req Request, model string) (Grant, error) {
+	var (
+		g         = Grant{Model: model}
+		anyKey    bool
+		serving   bool
+		contended bool
+		freeAt    time.Time
+	)
+	for _, pool := range b.pools.Sequence(req.Pool) {
+		keys, err := b.catalog.List(ctx, req.Provider, pool)
+		if err != nil {
+			return Grant{}, catalogErr(ctx, "list keys", err)
+		}
+		p := poolRun{Broker: b, req: req, pool: pool, model: model, grant: &g}
+		cands, cooling, served := p.candidates(ctx, keys)
+		anyKey = anyKey || len(keys) > 0
+		serving = serving || served
+		freeAt = earliest(freeAt, cooling)
+		if len(cands) == 0 {
+			continue
+		}
+		err = p.allocate(ctx, cands)
+		var full *optimistic.CapacityError
+		switch {
+		case err == nil:
+			return g, nil
+		case errors.As(err, &full):
+			freeAt = earliest(freeAt, full.FreeAt)
+		case errors.Is(err, optimistic.ErrContended):
+			// A hot pool is no reason to skip its fallbacks.
+			contended = true
+		default:
+			return Grant{Stats: g.Stats}, err
+		}
+	}
+	pools := b.pools.Sequence(req.Pool)
+	switch {
+	case !anyKey:
+		return Grant{}, fmt.Errorf("%w: provider %s, pools %v", ErrNoCandidates, req.Provider, pools)
+	case !serving:
+		return Grant{}, fmt.Errorf("%w: no key of provider %s in pools %v serves model %s", ErrPolicy, req.Provider, pools, model)
+	case contended:
+		return Grant{Stats: g.Stats}, fmt.Errorf("%w: provider %s, pools %v", optimistic.ErrContended, req.Provider, pools)
+	case freeAt.IsZero():
+		// Full would be a lie: nothing frees up until an operator acts.
+		return Grant{Stats: g.Stats}, fmt.Errorf("%w: no key of provider %s in pools %v that serves model %s is usable (all disabled, pending or exhausted)", ErrPolicy, req.Provider, pools, model)
+	}
+	return Grant{Stats: g.Stats}, &optimistic.CapacityError{FreeAt: freeAt}
+}
+
+func validate(req Request) error {
+	if err := (optimistic.AllocateRequest{Provider: req.Provider, Pool: req.Pool, TTL: req.TTL}).Validate(); err != nil {
+		return err
+	}
+	if req.Model == "" || len(req.Model) > 256 {
+		return fmt.Errorf("%w: model: want 1-256 characters", optimistic.ErrInvalid)
+	}
+	if req.RequestID != "" && !optimistic.ValidID(req.RequestID) {
+		return fmt.Errorf("%w: request_id %q: want 1-128 characters of [A-Za-z0-9._-]", optimistic.ErrInvalid, req.RequestID)
+	}
+	return nil
+}
+
+// catalogErr keeps cancellation apart from a catalog failure, and passes
+// through the catalog's answers (not found, invalid argument).
+func catalogErr(ctx context.Context, op string, err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, catalog.ErrNotFound), errors.Is(err, optimistic.ErrInvalid):
+		return err
+	case ctx.Err() != nil:
+		return errors.Join(fmt.Errorf("broker: %s: %w", op, err), ctx.Err())
+	}
+	return fmt.Errorf("%w: %s: %w", ErrCatalog, op, err)
+}
+
+func earliest(a, b time.Time) time.Time {
+	if a.IsZero() || (!b.IsZero() && b.Before(a)) {
+		return b
+	}
+	return a
+}

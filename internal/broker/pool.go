@@ -1,0 +1,234 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"time"
+
+	"github.com/credpool/credpool/internal/catalog"
+	"github.com/credpool/credpool/optimistic"
+)
+
+// releaseTimeout bounds giving a slot back after the request's own context
+// ended: a slot left behind would stay taken until its lease expires.
+const releaseTimeout = 5 * time.Second
+
+// poolRun is one allocate request's pass over one pool.
+type poolRun struct {
+	*Broker
+	req   Request
+	pool  string
+	model string
+	grant *Grant
+}
+
+// candidates returns the pool's keys that serve the model and may take a
+// lease now, the earliest cooldown end among those that serve it but are
+// still cooling, and whether any key serves the model at all. Passed
+// cooldowns are recovered in the catalog and the store on the way.
+func (p *poolRun) candidates(ctx context.Context, keys []catalog.Key) (cands []catalog.Key, cooling time.Time, served bool) {
+	now := time.Now()
+	for _, k := range keys {
+		if !k.Supports(p.model) {
+			continue
+		}
+		served = true
+		if !k.Usable(now) {
+			if k.Status == optimistic.StatusRateLimited || k.Status == optimistic.StatusCooldown {
+				cooling = earliest(cooling, k.CooldownUntil)
+			}
+			continue
+		}
+		if k.Status != optimistic.StatusAvailable {
+			k = p.recover(ctx, k, now)
+		}
+		cands = append(cands, k)
+	}
+	return cands, cooling, served
+}
+
+// recover marks a key whose cooldown has passed available again, in the
+// catalog and the store. It is best effort: the store grants such a key
+// anyway, so a failure here only costs a log line.
+func (p *poolRun) recover(ctx context.Context, k catalog.Key, now time.Time) catalog.Key {
+	changed, err := p.catalog.RecoverCooldown(ctx, k.ID, now)
+	if err != nil {
+		p.log.WarnContext(ctx, "recover cooldown in catalog", "key_id", k.ID, "err", err)
+		return k
+	}
+	if !changed {
+		return k
+	}
+	k.Status, k.CooldownUntil = optimistic.StatusAvailable, time.Time{}
+	if err := p.store.SyncKey(ctx, k.LeaseState()); err != nil {
+		p.log.WarnContext(ctx, "recover cooldown in store", "key_id", k.ID, "err", err)
+	}
+	return k
+}
+
+// allocate ranks cands by live capacity and health and leases the first
+// with a slot. An empty first answer repairs the store where its view of a
+// candidate differs from the catalog's (it may have missed a change) and
+// asks once more. A grant the catalog no longer backs is given back and the
+// rest tried.
+func (p *poolRun) allocate(ctx context.Context, cands []catalog.Key) error {
+	order, infos, err := p.rank(ctx, cands)
+	if err != nil {
+		return err
+	}
+	repaired := false
+	for len(order) > 0 {
+		lease, st, err := p.store.Allocate(ctx, optimistic.AllocateRequest{
+			Provider: p.req.Provider, Pool: p.pool, Candidates: order, TTL: p.req.TTL,
+		})
+		p.grant.Stats.Attempts += st.Attempts
+		p.grant.Stats.Conflicts += st.Conflicts
+		p.grant.Stats.Pruned += st.Pruned
+		if errors.Is(err, optimistic.ErrNoCapacity) && !repaired {
+			repaired = true
+			n, rerr := p.repair(ctx, cands, infos)
+			if rerr != nil {
+				return rerr
+			}
+			if n > 0 {
+				continue
+			}
+		}
+		if err != nil {
+			return err
+		}
+		ok, err := p.confirm(ctx, lease)
+		if ok || err != nil {
+			return err
+		}
+		order = slices.DeleteFunc(order, func(id string) bool { return id == lease.KeyID })
+	}
+	return &optimistic.CapacityError{}
+}
+
+// rank orders cands best first, reading their live state from the store
+// in one round trip; it returns that state too, in cands' order.
+func (p *poolRun) rank(ctx context.Context, cands []catalog.Key) ([]string, []optimistic.KeyInfo, error) {
+	ids := make([]string, len(cands))
+	for i, k := range cands {
+		ids[i] = k.ID
+	}
+	infos, err := p.store.Inspect(ctx, ids...)
+	if err != nil {
+		return nil, nil, err
+	}
+	rc := make([]Candidate, len(cands))
+	for i, k := range cands {
+		rc[i] = Candidate{
+			ID: k.ID, Free: max(infos[i].Limit-infos[i].Live, 0), Limit: infos[i].Limit,
+			Status: k.Status, LastUsedAt: k.LastUsedAt, LastVerifiedAt: k.LastVerifiedAt,
+			Successes: k.Successes, Errors: k.Errors, RateLimitHits: k.RateLimitHits,
+		}
+		if !infos[i].Exists {
+			// Not in the store yet: rank by the catalog's limit.
+			rc[i].Free, rc[i].Limit = max(k.MaxConcurrentUses, 1), max(k.MaxConcurrentUses, 1)
+		}
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.weights.Rank(rc, time.Now(), p.rng), infos, nil
+}
+
+// repair syncs into the store every candidate whose store state differs
+// from the catalog, re-read from the catalog just before: the request's
+// own snapshot may be older than an admin's latest sync. It returns how
+// many it synced; none means the pool is really full.
+func (p *poolRun) repair(ctx context.Context, cands []catalog.Key, infos []optimistic.KeyInfo) (int, error) {
+	n := 0
+	for i, k := range cands {
+		if !differs(infos[i], k.LeaseState()) {
+			continue
+		}
+		fresh, err := p.catalog.Get(ctx, k.ID)
+		if errors.Is(err, catalog.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return n, catalogErr(ctx, "repair", err)
+		}
+		if err := p.store.SyncKey(ctx, fresh.LeaseState()); err != nil {
+			return n, err
+		}
+		n++
+	}
+	if n > 0 {
+		p.log.InfoContext(ctx, "lease store repaired from the catalog", "provider", p.req.Provider, "pool", p.pool, "keys", n)
+	}
+	return n, nil
+}
+
+// differs reports whether the store's state of a key differs from the
+// catalog's in anything Allocate reads.
+func differs(in optimistic.KeyInfo, want optimistic.KeyState) bool {
+	return !in.Exists || in.Provider != want.Provider || in.Pool != want.Pool ||
+		in.Status != want.Status || in.Limit != max(want.MaxConcurrentUses, 1) ||
+		in.CooldownUntil.UnixMilli() != want.CooldownUntil.UnixMilli()
+}
+
+// confirm re-reads the granted key in the catalog. If it still exists,
+// belongs to this provider and pool, is usable and serves the model, it
+// records last_used_at and fills the grant. Otherwise it gives the slot
+// back, brings the store in line with the catalog, and reports false.
+func (p *poolRun) confirm(ctx context.Context, lease optimistic.Lease) (bool, error) {
+	now := time.Now()
+	k, err := p.catalog.Get(ctx, lease.KeyID)
+	reason := ""
+	switch {
+	case errors.Is(err, catalog.ErrNotFound):
+		reason = "deleted"
+	case err != nil:
+		p.giveBack(ctx, lease, "catalog read failed")
+		return false, catalogErr(ctx, "re-check key", err)
+	case k.Provider != lease.Provider || k.Pool != lease.Pool:
+		reason = "moved to another provider or pool"
+	case !k.Usable(now):
+		reason = "status " + string(k.Status)
+	case !k.Supports(p.model):
+		reason = "no longer serves the model"
+	}
+	if reason != "" {
+		p.giveBack(ctx, lease, reason)
+		p.align(ctx, lease.KeyID, k, err == nil)
+		return false, nil
+	}
+	if err := p.catalog.MarkUsed(ctx, k.ID, now); err != nil {
+		if errors.Is(err, catalog.ErrNotFound) {
+			p.giveBack(ctx, lease, "deleted")
+			p.align(ctx, lease.KeyID, k, false)
+			return false, nil
+		}
+		p.giveBack(ctx, lease, "recording last use failed")
+		return false, catalogErr(ctx, "mark used", err)
+	}
+	p.grant.Lease, p.grant.Secret = lease, k.Secret
+	return true, nil
+}
+
+// giveBack releases a lease the request will not use, even if the
+// request's context has ended.
+func (p *poolRun) giveBack(ctx context.Context, lease optimistic.Lease, reason string) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	defer cancel()
+	err := p.store.Release(ctx, lease.LeaseRef)
+	p.log.InfoContext(ctx, "grant given back", "key_id", lease.KeyID, "lease_id", lease.LeaseID, "reason", reason, "release_err", err)
+}
+
+// align makes the store follow the catalog for a key it should not have
+// granted: gone from the catalog means gone from the store.
+func (p *poolRun) align(ctx context.Context, id string, k catalog.Key, found bool) {
+	var err error
+	if found {
+		err = p.store.SyncKey(ctx, k.LeaseState())
+	} else {
+		err = p.store.DeleteKey(ctx, id)
+	}
+	if err != nil {
+		p.log.WarnContext(ctx, "align store with catalog", "key_id", id, "err", err)
+	}
+}

@@ -1,0 +1,184 @@
+package catalog_test
+
+import (
+	"fmt"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/credpool/credpool/internal/catalog"
+	"github.com/credpool/credpool/optimistic"
+)
+
+var t0 = time.UnixMilli(1_800_000_000_000).UTC()
+
+func TestReport(t *testing.T) {
+	tests := []struct {
+		name       string
+		status     optimistic.Status
+		outcome    catalog.Outcome
+		retryAfter time.Duration
+		// want: successes, errors, rate limit hits
+		want         [3]int64
+		wantStatus   optimistic.Status
+		wantCooldown time.Time
+	}{
+		{"success", optimistic.StatusAvailable, catalog.OutcomeSuccess, 0, [3]int64{1, 0, 0}, optimistic.StatusAvailable, time.Time{}},
+		{"error", optimistic.StatusAvailable, catalog.OutcomeError, 0, [3]int64{0, 1, 0}, optimistic.StatusAvailable, time.Time{}},
+		{"auth error disables", optimistic.StatusAvailable, catalog.OutcomeAuthError, 0, [3]int64{0, 1, 0}, optimistic.StatusDisabled, time.Time{}},
+		{"rate limited", optimistic.StatusAvailable, catalog.OutcomeRateLimited, 30 * time.Second, [3]int64{0, 0, 1}, optimistic.StatusRateLimited, t0.Add(30 * time.Second)},
+		{"rate limited, default retry", optimistic.StatusAvailable, catalog.OutcomeRateLimited, 0, [3]int64{0, 0, 1}, optimistic.StatusRateLimited, t0.Add(catalog.DefaultRetryAfter)},
+		{"rate limited, negative retry", optimistic.StatusAvailable, catalog.OutcomeRateLimited, -time.Second, [3]int64{0, 0, 1}, optimistic.StatusRateLimited, t0.Add(catalog.DefaultRetryAfter)},
+		{"rate limited in cooldown", optimistic.StatusCooldown, catalog.OutcomeRateLimited, time.Second, [3]int64{0, 0, 1}, optimistic.StatusRateLimited, t0.Add(time.Second)},
+		{"disabled stays disabled", optimistic.StatusDisabled, catalog.OutcomeRateLimited, time.Second, [3]int64{0, 0, 1}, optimistic.StatusDisabled, t0.Add(time.Second)},
+		{"exhausted stays exhausted", optimistic.StatusExhausted, catalog.OutcomeRateLimited, time.Second, [3]int64{0, 0, 1}, optimistic.StatusExhausted, t0.Add(time.Second)},
+		{"success keeps a cooldown", optimistic.StatusRateLimited, catalog.OutcomeSuccess, 0, [3]int64{1, 0, 0}, optimistic.StatusRateLimited, time.Time{}},
+	}
+	c, _ := newCatalog(t)
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			k := testKey(fmt.Sprintf("k%d", i))
+			k.Status = tt.status
+			put(t, c, k)
+
+			got, err := c.Report(t.Context(), k.ID, tt.outcome, tt.retryAfter, t0)
+			require.NoError(t, err)
+			require.Equal(t, tt.want, [3]int64{got.Successes, got.Errors, got.RateLimitHits})
+			require.Equal(t, tt.wantStatus, got.Status)
+			require.Equal(t, tt.wantCooldown, got.CooldownUntil)
+			require.Equal(t, t0, got.UpdatedAt)
+			require.Equal(t, got, get(t, c, k.ID))
+		})
+	}
+}
+
+func TestReportCooldownOnlyMovesLater(t *testing.T) {
+	c, _ := newCatalog(t)
+	put(t, c, testKey("k1"))
+	report := func(retryAfter time.Duration, now time.Time) time.Time {
+		t.Helper()
+		k, err := c.Report(t.Context(), "k1", catalog.OutcomeRateLimited, retryAfter, now)
+		require.NoError(t, err)
+		return k.CooldownUntil
+	}
+
+	require.Equal(t, t0.Add(2*time.Minute), report(2*time.Minute, t0))
+	require.Equal(t, t0.Add(2*time.Minute), report(10*time.Second, t0), "shorter retry keeps the later end")
+	require.Equal(t, t0.Add(2*time.Minute), report(time.Second, t0.Add(time.Minute)), "out of order report")
+	require.Equal(t, t0.Add(5*time.Minute), report(4*time.Minute, t0.Add(time.Minute)))
+	require.Equal(t, int64(4), get(t, c, "k1").RateLimitHits)
+}
+
+// Reports from many goroutines over two connection pools: each is one
+// transaction, so none is lost and none fails on a busy database.
+func TestReportConcurrent(t *testing.T) {
+	for name, open := range openers {
+		t.Run(name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "credpool.db")
+			var cats []*catalog.SQL
+			for range 2 {
+				c, err := catalog.New(t.Context(), open(t, path))
+				require.NoError(t, err)
+				cats = append(cats, c)
+			}
+			put(t, cats[0], testKey("k1"))
+
+			const workers, reports = 8, 10
+			errs := make(chan error, workers)
+			for w := range workers {
+				go func() {
+					c := cats[w%len(cats)]
+					for i := range reports {
+						o := catalog.OutcomeSuccess
+						if i%2 == 1 {
+							o = catalog.OutcomeRateLimited
+						}
+						if _, err := c.Report(t.Context(), "k1", o, time.Duration(w*reports+i)*time.Millisecond, t0); err != nil {
+							errs <- err
+							return
+						}
+					}
+					errs <- nil
+				}()
+			}
+			for range workers {
+				require.NoError(t, <-errs)
+			}
+
+			k := get(t, cats[1], "k1")
+			require.Equal(t, int64(workers*reports/2), k.Successes)
+			require.Equal(t, int64(workers*reports/2), k.RateLimitHits)
+			require.Equal(t, t0.Add(time.Duration(workers*reports-1)*time.Millisecond), k.CooldownUntil)
+		})
+	}
+}
+
+func TestReportRejectsUnknownOutcome(t *testing.T) {
+	c, _ := newCatalog(t)
+	put(t, c, testKey("k1"))
+	_, err := c.Report(t.Context(), "k1", "timeout", 0, t0)
+	require.ErrorIs(t, err, optimistic.ErrInvalid)
+	require.Contains(t, err.Error(), "outcome")
+	require.Zero(t, get(t, c, "k1").Errors)
+}
+
+func TestRecoverCooldown(t *testing.T) {
+	tests := []struct {
+		name     string
+		status   optimistic.Status
+		cooldown time.Time
+		want     bool
+	}{
+		{"rate limited, passed", optimistic.StatusRateLimited, t0.Add(-time.Second), true},
+		{"rate limited, ends now", optimistic.StatusRateLimited, t0, true},
+		{"cooldown, passed", optimistic.StatusCooldown, t0.Add(-time.Hour), true},
+		{"rate limited, running", optimistic.StatusRateLimited, t0.Add(time.Millisecond), false},
+		{"rate limited, no cooldown", optimistic.StatusRateLimited, time.Time{}, false},
+		{"cooldown, no cooldown", optimistic.StatusCooldown, time.Time{}, false},
+		{"disabled, passed", optimistic.StatusDisabled, t0.Add(-time.Second), false},
+		{"available, passed", optimistic.StatusAvailable, t0.Add(-time.Second), false},
+	}
+	c, _ := newCatalog(t)
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			k := testKey(fmt.Sprintf("k%d", i))
+			k.Status, k.CooldownUntil = tt.status, tt.cooldown
+			put(t, c, k)
+
+			changed, err := c.RecoverCooldown(t.Context(), k.ID, t0)
+			require.NoError(t, err)
+			require.Equal(t, tt.want, changed)
+			got := get(t, c, k.ID)
+			if tt.want {
+				require.Equal(t, optimistic.StatusAvailable, got.Status)
+				require.True(t, got.CooldownUntil.IsZero())
+				require.Equal(t, t0, got.UpdatedAt)
+				return
+			}
+			require.Equal(t, tt.status, got.Status)
+			require.Equal(t, tt.cooldown, got.CooldownUntil)
+		})
+	}
+
+	changed, err := c.RecoverCooldown(t.Context(), "missing", t0)
+	require.NoError(t, err)
+	require.False(t, changed)
+}
+
+func TestMarkUsed(t *testing.T) {
+	c, _ := newCatalog(t)
+	put(t, c, testKey("k1"))
+
+	updated := get(t, c, "k1").UpdatedAt
+	require.NoError(t, c.MarkUsed(t.Context(), "k1", t0))
+	require.Equal(t, t0, get(t, c, "k1").LastUsedAt)
+	require.Equal(t, updated, get(t, c, "k1").UpdatedAt)
+	require.NoError(t, c.MarkUsed(t.Context(), "k1", t0.Add(-time.Second)))
+	require.Equal(t, t0, get(t, c, "k1").LastUsedAt, "never moves back")
+	require.NoError(t, c.MarkUsed(t.Context(), "k1", t0.Add(time.Second)))
+	require.Equal(t, t0.Add(time.Second), get(t, c, "k1").LastUsedAt)
+
+	require.ErrorIs(t, c.MarkUsed(t.Context(), "k1", time.Time{}), optimistic.ErrInvalid)
+}

@@ -1,0 +1,69 @@
+package catalog_test
+
+import (
+	"database/sql"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/credpool/credpool/internal/catalog"
+	"github.com/credpool/credpool/internal/sqlitex"
+	"github.com/credpool/credpool/optimistic"
+)
+
+// openDB opens the SQLite file at path the way the service does.
+func openDB(t *testing.T, path string) *sql.DB {
+	t.Helper()
+	db, err := sqlitex.Open(path)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = db.Close() })
+	return db
+}
+
+// openers open a file the way the service does, and with plain deferred
+// BEGIN and no foreign keys, as a DSN without parameters does: the catalog
+// must work on both.
+var openers = map[string]func(t *testing.T, path string) *sql.DB{
+	"sqlitex.Open": openDB,
+	"plain": func(t *testing.T, path string) *sql.DB {
+		t.Helper()
+		db, err := sql.Open("sqlite", path+"?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)")
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = db.Close() })
+		return db
+	},
+}
+
+// newCatalog returns a catalog on a fresh temp file, and its database.
+func newCatalog(t *testing.T) (*catalog.SQL, *sql.DB) {
+	t.Helper()
+	db := openDB(t, filepath.Join(t.TempDir(), "credpool.db"))
+	c, err := catalog.New(t.Context(), db)
+	require.NoError(t, err)
+	return c, db
+}
+
+const secret = "sk-live-0123456789abcdef"
+
+func testKey(id string) catalog.Key {
+	return catalog.Key{
+		ID: id, Provider: "openai", Pool: "default",
+		Models: []string{"gpt-4o"}, Secret: secret,
+		Status: optimistic.StatusAvailable, MaxConcurrentUses: 2,
+	}
+}
+
+func put(t *testing.T, c *catalog.SQL, k catalog.Key) catalog.Key {
+	t.Helper()
+	stored, err := c.Put(t.Context(), k)
+	require.NoError(t, err)
+	return stored
+}
+
+func get(t *testing.T, c *catalog.SQL, id string) catalog.Key {
+	t.Helper()
+	k, err := c.Get(t.Context(), id)
+	require.NoError(t, err)
+	return k
+}

@@ -1,0 +1,43 @@
+package catalog
+
+import "github.com/credpool/credpool/internal/sqlitex"
+
+// schema is the catalog's tables, versioned in catalog_schema; Steps[i]
+// brings them to version i+1. Append only: a released step is never edited.
+//
+// Types are chosen to mean the same on SQLite and PostgreSQL: BIGINT holds
+// unix milliseconds (NULL = unset), TEXT the ids. The foreign key documents
+// the relation; SQLite enforces it only with PRAGMA foreign_keys=ON, so
+// Delete removes model rows itself.
+var schema = sqlitex.Schema{Table: "catalog_schema", Steps: [][]string{
+	{
+		`CREATE TABLE catalog_keys (
+			id                  TEXT PRIMARY KEY,
+			provider            TEXT NOT NULL,
+			pool                TEXT NOT NULL,
+			secret              TEXT NOT NULL,
+			status              TEXT NOT NULL,
+			cooldown_until      BIGINT,
+			max_concurrent_uses INTEGER NOT NULL,
+			last_used_at        BIGINT,
+			last_verified_at    BIGINT,
+			successes           BIGINT NOT NULL DEFAULT 0,
+			errors              BIGINT NOT NULL DEFAULT 0,
+			rate_limit_hits     BIGINT NOT NULL DEFAULT 0,
+			created_at          BIGINT NOT NULL,
+			updated_at          BIGINT NOT NULL
+		)`,
+		`CREATE INDEX catalog_keys_provider_pool ON catalog_keys (provider, pool, id)`,
+		`CREATE TABLE catalog_key_models (
+			key_id TEXT NOT NULL REFERENCES catalog_keys (id) ON DELETE CASCADE,
+			model  TEXT NOT NULL,
+			PRIMARY KEY (key_id, model)
+		)`,
+		`CREATE TABLE catalog_model_aliases (
+			provider TEXT NOT NULL,
+			alias    TEXT NOT NULL,
+			model    TEXT NOT NULL,
+			PRIMARY KEY (provider, alias)
+		)`,
+	},
+}}

@@ -1,0 +1,266 @@
+package catalog
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/credpool/credpool/internal/sqlitex"
+)
+
+// SQL is the catalog on a database/sql database. It is safe for concurrent
+// use, and by several processes sharing one database. Every method is one
+// statement or one transaction: on failure nothing is written.
+//
+// The SQL is written for SQLite (the embedded default, e.g. the file
+// sqlitex.Open returns, in WAL mode with a busy_timeout) and kept close to
+// PostgreSQL. SQLite-specific: the ? placeholders (PostgreSQL wants $n),
+// the migration runner and the busy check (internal/sqlitex). Write
+// transactions start with a write so that SQLite takes its write lock up
+// front.
+//
+// Errors: ErrNotFound for a missing key, optimistic.ErrInvalid (naming the
+// field) for a rejected argument, optimistic.ErrContended when the database
+// stayed locked through the busy retries, optimistic.ErrStore for any other
+// database failure, and the context's error when ctx ends first. None
+// carries a secret.
+type SQL struct {
+	db *sql.DB
+	// writing holds a token while this catalog writes (see write).
+	writing chan struct{}
+}
+
+// New returns the catalog on db after migrating its schema to the latest
+// version (tables catalog_schema, catalog_keys, catalog_key_models,
+// catalog_model_aliases). Migrating is idempotent and safe when several
+// processes start at once; a failed migration leaves the previous version.
+func New(ctx context.Context, db *sql.DB) (*SQL, error) {
+	if db == nil {
+		return nil, errors.New("catalog: nil database")
+	}
+	if err := sqlitex.Migrate(ctx, db, schema, busyPolicy); err != nil {
+		return nil, fail(ctx, "open", err)
+	}
+	return &SQL{db: db, writing: make(chan struct{}, 1)}, nil
+}
+
+// Ping checks that the catalog's database answers and holds its schema.
+func (s *SQL) Ping(ctx context.Context) error {
+	var version int
+	if err := s.db.QueryRowContext(ctx, `SELECT COALESCE(MAX(version), 0) FROM catalog_schema`).Scan(&version); err != nil {
+		return fail(ctx, "ping", err)
+	}
+	return nil
+}
+
+const upsertKey = `INSERT INTO catalog_keys (
+	id, provider, pool, secret, status, cooldown_until, max_concurrent_uses,
+	last_used_at, last_verified_at, successes, errors, rate_limit_hits, created_at, updated_at
+) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT (id) DO UPDATE SET
+	provider = excluded.provider,
+	pool = excluded.pool,
+	secret = excluded.secret,
+	status = excluded.status,
+	cooldown_until = excluded.cooldown_until,
+	max_concurrent_uses = excluded.max_concurrent_uses,
+	last_used_at = COALESCE(excluded.last_used_at, catalog_keys.last_used_at),
+	last_verified_at = COALESCE(excluded.last_verified_at, catalog_keys.last_verified_at),
+	successes = CASE WHEN excluded.successes = 0 THEN catalog_keys.successes ELSE excluded.successes END,
+	errors = CASE WHEN excluded.errors = 0 THEN catalog_keys.errors ELSE excluded.errors END,
+	rate_limit_hits = CASE WHEN excluded.rate_limit_hits = 0 THEN catalog_keys.rate_limit_hits ELSE excluded.rate_limit_hits END,
+	created_at = COALESCE(?, catalog_keys.created_at),
+	updated_at = excluded.updated_at`
+
+// Put creates or replaces the key with k's id and returns it as stored:
+// models sorted and deduplicated, times truncated to milliseconds.
+//
+// Status, cooldown, limit, pool, models and secret are always taken from k.
+// Of an existing key, the counters, LastUsedAt, LastVerifiedAt and
+// CreatedAt are kept unless k sets them non-zero, so an admin upsert does
+// not wipe the key's history. UpdatedAt is set to now.
+func (s *SQL) Put(ctx context.Context, k Key) (Key, error) {
+	if err := validate(k); err != nil {
+		return Key{}, err
+	}
+	k.Models = slices.Compact(slices.Sorted(slices.Values(k.Models)))
+	now := time.Now().UnixMilli()
+	// created is NULL unless k sets it: an update then keeps the stored one.
+	created, insertCreated := millis(k.CreatedAt), any(now)
+	if created != nil {
+		insertCreated = created
+	}
+	var stored Key
+	err := s.inTx(ctx, "put key "+k.ID, func(tx *sql.Tx) error {
+		if _, err := tx.ExecContext(ctx, upsertKey,
+			k.ID, k.Provider, k.Pool, k.Secret.Reveal(), string(k.Status), millis(k.CooldownUntil), k.MaxConcurrentUses,
+			millis(k.LastUsedAt), millis(k.LastVerifiedAt), k.Successes, k.Errors, k.RateLimitHits,
+			insertCreated, now, created,
+		); err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, `DELETE FROM catalog_key_models WHERE key_id = ?`, k.ID); err != nil {
+			return err
+		}
+		for _, m := range k.Models {
+			if _, err := tx.ExecContext(ctx, `INSERT INTO catalog_key_models (key_id, model) VALUES (?, ?)`, k.ID, m); err != nil {
+				return err
+			}
+		}
+		var err error
+		stored, err = getKey(ctx, tx, k.ID)
+		return err
+	})
+	return stored, err
+}
+
+// Get returns the key, secret included, or ErrNotFound.
+func (s *SQL) Get(ctx context.Context, id string) (Key, error) {
+	k, err := getKey(ctx, s.db, id)
+	if err != nil {
+		return Key{}, fail(ctx, fmt.Sprintf("get key %q", id), err)
+	}
+	return k, nil
+}
+
+// List returns the keys of provider and pool, ordered by id; "" matches
+// any provider or pool. It leaves every Secret empty: ranking and listing
+// never need one, so secrets stay in the database until Get asks for the
+// one key handed out.
+func (s *SQL) List(ctx context.Context, provider, pool string) ([]Key, error) {
+	where, args := keyFilter(provider, pool)
+	keys, err := queryKeys(ctx, s.db, false, whereClause(where), args...)
+	if err != nil {
+		return nil, fail(ctx, "list keys", err)
+	}
+	return keys, nil
+}
+
+// Delete removes the key and its models, or returns ErrNotFound.
+func (s *SQL) Delete(ctx context.Context, id string) error {
+	return s.inTx(ctx, fmt.Sprintf("delete key %q", id), func(tx *sql.Tx) error {
+		res, err := tx.ExecContext(ctx, `DELETE FROM catalog_keys WHERE id = ?`, id)
+		if err := found(res, err, id); err != nil {
+			return err
+		}
+		_, err = tx.ExecContext(ctx, `DELETE FROM catalog_key_models WHERE key_id = ?`, id)
+		return err
+	})
+}
+
+// selectKeys yields one row per key and model (one with a NULL model for a
+// key without models), ordered so that a key's rows are adjacent: one
+// statement, so one consistent snapshot. The secret column is filled in by
+// queryKeys.
+const selectKeys = `SELECT
+	k.id, k.provider, k.pool, %s, k.status, k.cooldown_until, k.max_concurrent_uses,
+	k.last_used_at, k.last_verified_at, k.successes, k.errors, k.rate_limit_hits,
+	k.created_at, k.updated_at, m.model
+FROM catalog_keys k LEFT JOIN catalog_key_models m ON m.key_id = k.id `
+
+// queryer is what *sql.DB and *sql.Tx share for reads.
+type queryer interface {
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+}
+
+// queryKeys reads the keys matching where; their secrets only if
+// withSecret.
+func queryKeys(ctx context.Context, q queryer, withSecret bool, where string, args ...any) ([]Key, error) {
+	secret := `''`
+	if withSecret {
+		secret = `k.secret`
+	}
+	rows, err := q.QueryContext(ctx, fmt.Sprintf(selectKeys, secret)+where+` ORDER BY k.id, m.model`, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var keys []Key
+	for rows.Next() {
+		var (
+			k                        Key
+			cooldown, used, verified sql.NullInt64
+			created, updated         int64
+			model                    sql.NullString
+		)
+		if err := rows.Scan(&k.ID, &k.Provider, &k.Pool, &k.Secret, &k.Status, &cooldown, &k.MaxConcurrentUses,
+			&used, &verified, &k.Successes, &k.Errors, &k.RateLimitHits, &created, &updated, &model); err != nil {
+			return nil, err
+		}
+		if n := len(keys); n == 0 || keys[n-1].ID != k.ID {
+			k.CooldownUntil, k.LastUsedAt, k.LastVerifiedAt = fromMillis(cooldown), fromMillis(used), fromMillis(verified)
+			k.CreatedAt, k.UpdatedAt = time.UnixMilli(created).UTC(), time.UnixMilli(updated).UTC()
+			keys = append(keys, k)
+		}
+		if model.Valid {
+			last := &keys[len(keys)-1]
+			last.Models = append(last.Models, model.String)
+		}
+	}
+	return keys, rows.Err()
+}
+
+func getKey(ctx context.Context, q queryer, id string) (Key, error) {
+	keys, err := queryKeys(ctx, q, true, `WHERE k.id = ?`, id)
+	if err != nil {
+		return Key{}, err
+	}
+	if len(keys) == 0 {
+		return Key{}, notFound(id)
+	}
+	return keys[0], nil
+}
+
+// keyFilter matches provider and pool, skipping the empty ones.
+func keyFilter(provider, pool string) (where []string, args []any) {
+	if provider != "" {
+		where, args = append(where, `k.provider = ?`), append(args, provider)
+	}
+	if pool != "" {
+		where, args = append(where, `k.pool = ?`), append(args, pool)
+	}
+	return where, args
+}
+
+func whereClause(conds []string) string {
+	if len(conds) == 0 {
+		return ""
+	}
+	return `WHERE ` + strings.Join(conds, ` AND `) + ` `
+}
+
+func notFound(id string) error { return fmt.Errorf("%w: %q", ErrNotFound, id) }
+
+// found turns an UPDATE or DELETE that matched no row into ErrNotFound.
+func found(res sql.Result, err error, id string) error {
+	if err != nil {
+		return err
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return err
+	}
+	if n == 0 {
+		return notFound(id)
+	}
+	return nil
+}
+
+// millis is t in unix milliseconds, or NULL for the zero time.
+func millis(t time.Time) any {
+	if t.IsZero() {
+		return nil
+	}
+	return t.UnixMilli()
+}
+
+func fromMillis(ms sql.NullInt64) time.Time {
+	if !ms.Valid {
+		return time.Time{}
+	}
+	return time.UnixMilli(ms.Int64).UTC()
+}

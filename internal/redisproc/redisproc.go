@@ -1,0 +1,171 @@
+// Package redisproc starts throwaway redis-server processes: one per call,
+// on a free loopback port, with its files in a directory of the caller's
+// and persistence off. The tests (through test/redistest) and the
+// benchmark harness use it; it never links the testing package into the
+// binary.
+package redisproc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// InstallHint says how to get the binary; it ends every "not found" error.
+const InstallHint = "install it (Debian/Ubuntu: sudo apt-get install -y redis-server; macOS: brew install redis), or set REDIS_SERVER to its path"
+
+// Server is one running redis-server. Its methods are safe for concurrent
+// use.
+type Server struct {
+	// Addr is host:port on 127.0.0.1.
+	Addr string
+	// Cluster reports whether the server runs in cluster mode, owning all
+	// 16384 slots.
+	Cluster bool
+	cmd     *exec.Cmd
+	exited  chan struct{}
+}
+
+// Binary returns the redis-server path: $REDIS_SERVER, else the one on PATH.
+func Binary() (string, error) {
+	if p := os.Getenv("REDIS_SERVER"); p != "" {
+		return p, nil
+	}
+	p, err := exec.LookPath("redis-server")
+	if err != nil {
+		return "", fmt.Errorf("redis-server not found on PATH: %s", InstallHint)
+	}
+	return p, nil
+}
+
+// Run starts a server with its files in dir, in cluster mode owning all
+// 16384 slots if cluster is set, so cluster rules (one slot per
+// transaction, CROSSSLOT errors) apply. The caller must Stop it; the
+// kernel kills it if the calling process dies first (Linux).
+func Run(dir string, cluster bool) (*Server, error) {
+	bin, err := Binary()
+	if err != nil {
+		return nil, err
+	}
+	var last error
+	// A free port can be taken between probing and binding; try a few.
+	for range 5 {
+		port, err := freePort()
+		if err != nil {
+			return nil, err
+		}
+		s, err := launch(bin, dir, port, cluster)
+		if err == nil {
+			return s, nil
+		}
+		last = err
+	}
+	return nil, last
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("find a free port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+func launch(bin, dir string, port int, cluster bool) (*Server, error) {
+	args := []string{
+		"--bind", "127.0.0.1", "--port", strconv.Itoa(port), "--dir", dir,
+		"--save", "", "--appendonly", "no", "--daemonize", "no",
+		"--logfile", "redis.log", "--protected-mode", "yes",
+	}
+	if cluster {
+		args = append(args, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Dir = dir
+	dieWithParent(cmd)
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start %s: %w", bin, err)
+	}
+	s := &Server{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), Cluster: cluster, cmd: cmd, exited: make(chan struct{})}
+	go func() {
+		_ = cmd.Wait()
+		close(s.exited)
+	}()
+	if err := s.waitReady(dir); err != nil {
+		s.Stop()
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *Server) waitReady(dir string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	rdb := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1})
+	defer rdb.Close()
+	for {
+		select {
+		case <-s.exited:
+			log, _ := os.ReadFile(dir + "/redis.log")
+			return fmt.Errorf("redis-server on %s exited at start: %s", s.Addr, lastLines(string(log), 5))
+		case <-ctx.Done():
+			return fmt.Errorf("redis-server on %s not ready after 10s", s.Addr)
+		case <-time.After(10 * time.Millisecond):
+		}
+		if err := rdb.Ping(ctx).Err(); err != nil {
+			continue
+		}
+		if !s.Cluster {
+			return nil
+		}
+		return claimSlots(ctx, rdb)
+	}
+}
+
+// claimSlots gives the single node every slot and waits for the cluster to
+// say ok.
+func claimSlots(ctx context.Context, rdb *redis.Client) error {
+	if err := rdb.Do(ctx, "cluster", "addslotsrange", 0, 16383).Err(); err != nil {
+		return fmt.Errorf("cluster addslotsrange: %w", err)
+	}
+	for {
+		info, err := rdb.ClusterInfo(ctx).Result()
+		if err == nil && strings.Contains(info, "cluster_state:ok") {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return errors.New("cluster state not ok after 10s")
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, " | ")
+}
+
+// Stop kills the server and waits for it to exit. Clients see connection
+// errors from then on. Stopping a stopped server does nothing.
+func (s *Server) Stop() {
+	select {
+	case <-s.exited:
+		return
+	default:
+	}
+	_ = s.cmd.Process.Kill()
+	<-s.exited
+}

@@ -1,0 +1,54 @@
+// Package redisschema names the Redis keys and hash fields of DESIGN.md
+// ("Redis key schema"), shared by every Redis-backed lease store: the
+// WATCH/MULTI store in optimistic and the Lua baseline in bench/baseline.
+// A key synced or leased through one is seen the same way by the other.
+package redisschema
+
+import "strings"
+
+// Schema names the Redis keys under one prefix. Every key of one
+// credential carries the hash tag {<key id>}, so each transaction touches
+// one slot and works on Redis Cluster. Ids must already be valid
+// (optimistic.ValidID): they can then never break a tag or a name.
+type Schema struct{ Prefix string }
+
+// ValidPrefix reports whether p may start key names: non-empty and without
+// braces, which would put a hash tag before the credential's own.
+func ValidPrefix(p string) bool {
+	return p != "" && !strings.ContainsAny(p, "{}")
+}
+
+// Pool is the ZSET of key ids of one provider/pool (ops score, never read by
+// Allocate).
+func (s Schema) Pool(provider, pool string) string {
+	return s.Prefix + ":pool:{" + provider + "/" + pool + "}"
+}
+
+// Key is the HASH with the credential's allocation state (Field* below).
+func (s Schema) Key(keyID string) string { return s.Prefix + ":key:{" + keyID + "}" }
+
+// Leases is the ZSET of the key's leases, scored by expiry in ms.
+func (s Schema) Leases(keyID string) string { return s.Key(keyID) + ":leases" }
+
+// Lease is the HASH recording who a lease belongs to.
+func (s Schema) Lease(keyID, leaseID string) string {
+	return s.Key(keyID) + ":lease:" + leaseID
+}
+
+// Request is the string that remembers which lease answered an allocate
+// request id.
+func (s Schema) Request(id string) string { return s.Prefix + ":req:{" + id + "}" }
+
+// Field names of the key HASH and the lease record HASH. The Lua scripts
+// of bench/baseline spell the same names.
+const (
+	FieldProvider = "provider"
+	FieldPool     = "pool"
+	FieldStatus   = "status"
+	FieldCooldown = "cooldown_until"
+	FieldLimit    = "max_concurrent_uses"
+	FieldLastUsed = "last_used_at"
+	FieldFence    = "fence"
+	FieldKeyID    = "key_id"
+	FieldUntil    = "lease_until"
+)

@@ -1,0 +1,101 @@
+package sqlitestore
+
+import (
+	"context"
+	"database/sql"
+
+	"github.com/credpool/credpool/optimistic"
+)
+
+// SyncKey upserts a key's allocation state; its provider and pool columns are
+// its pool membership. Leases, the fencing counter and (when k.LastUsedAt is
+// zero) last_used_at are kept. On error nothing is written.
+func (s *Store) SyncKey(ctx context.Context, k optimistic.KeyState) error {
+	if err := k.Validate(); err != nil {
+		return err
+	}
+	_, err := s.do(ctx, false, func(tx *sql.Tx, _ int64) error {
+		_, err := tx.ExecContext(ctx, `
+INSERT INTO lease_keys (id, provider, pool, status, cooldown_until, max_concurrent_uses, last_used_at, score)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT (id) DO UPDATE SET
+	provider = excluded.provider,
+	pool = excluded.pool,
+	status = excluded.status,
+	cooldown_until = excluded.cooldown_until,
+	max_concurrent_uses = excluded.max_concurrent_uses,
+	last_used_at = coalesce(excluded.last_used_at, lease_keys.last_used_at),
+	score = excluded.score`,
+			k.ID, k.Provider, k.Pool, string(k.Status), toMillis(k.CooldownUntil), k.MaxConcurrentUses,
+			toMillis(k.LastUsedAt), k.Score)
+		return err
+	})
+	return classify(ctx, "sync key", err)
+}
+
+// DeleteKey removes the key, its pool membership and all its leases, whose
+// holders lose them; its fencing counter restarts if it is synced again.
+// Deleting a missing key is not an error. On error nothing is removed.
+func (s *Store) DeleteKey(ctx context.Context, keyID string) error {
+	if err := optimistic.CheckKeyIDs(keyID); err != nil {
+		return err
+	}
+	_, err := s.do(ctx, false, func(tx *sql.Tx, _ int64) error {
+		if _, err := tx.ExecContext(ctx, `DELETE FROM lease_leases WHERE key_id = ?`, keyID); err != nil {
+			return err
+		}
+		_, err := tx.ExecContext(ctx, `DELETE FROM lease_keys WHERE id = ?`, keyID)
+		return err
+	})
+	return classify(ctx, "delete key", err)
+}
+
+// ClearLeases force-releases every lease of the key (an admin action) and
+// returns how many there were, expired ones included. Their holders lose
+// them. On error nothing is removed.
+func (s *Store) ClearLeases(ctx context.Context, keyID string) (int, error) {
+	if err := optimistic.CheckKeyIDs(keyID); err != nil {
+		return 0, err
+	}
+	var n int64
+	_, err := s.do(ctx, false, func(tx *sql.Tx, _ int64) error {
+		res, err := tx.ExecContext(ctx, `DELETE FROM lease_leases WHERE key_id = ?`, keyID)
+		if err != nil {
+			return err
+		}
+		n, err = res.RowsAffected()
+		return err
+	})
+	if err != nil {
+		return 0, classify(ctx, "clear leases", err)
+	}
+	return int(n), nil
+}
+
+// Inspect reads the live state of each key in one read transaction. Missing
+// keys come back with Exists false.
+func (s *Store) Inspect(ctx context.Context, keyIDs ...string) ([]optimistic.KeyInfo, error) {
+	if err := optimistic.CheckKeyIDs(keyIDs...); err != nil {
+		return nil, err
+	}
+	var out []optimistic.KeyInfo
+	_, err := s.do(ctx, true, func(tx *sql.Tx, now int64) error {
+		out = make([]optimistic.KeyInfo, len(keyIDs))
+		for i, id := range keyIDs {
+			k, err := readKey(ctx, tx, id, now)
+			if err != nil {
+				return err
+			}
+			out[i] = optimistic.KeyInfo{
+				ID: id, Exists: k.exists, Provider: k.provider, Pool: k.pool, Status: k.status,
+				CooldownUntil: fromMillis(k.cooldownUntil()), Limit: k.limit, Live: k.live,
+				FreeAt: fromMillis(k.freeAt(now)), Fence: k.fence,
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, classify(ctx, "inspect", err)
+	}
+	return out, nil
+}

@@ -1,0 +1,75 @@
+// Package sqlitex is what the key catalog and the SQLite lease store share
+// about SQLite: opening the file the way both rely on, telling a busy
+// database from a broken one, and one migration runner for both schemas.
+package sqlitex
+
+import (
+	"database/sql"
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+
+	"modernc.org/sqlite"
+	sqlite3 "modernc.org/sqlite/lib"
+
+	"github.com/credpool/credpool/optimistic"
+)
+
+// BusyTimeoutMillis is how long SQLite's busy handler waits for a lock
+// before a statement fails busy and the caller's retry policy takes over.
+const BusyTimeoutMillis = 1000
+
+// Open opens the SQLite file at path, creating it if needed, with what the
+// catalog and the lease store rely on: WAL mode (readers never wait for the
+// writer), a busy timeout, foreign keys, and transactions that begin
+// IMMEDIATE, so a write transaction takes the write lock up front instead
+// of failing busy when it upgrades from a read. synchronous stays FULL,
+// SQLite's default: a grant is on disk before Allocate returns it, so no
+// fencing token is handed out twice, even across a power loss. The caller
+// closes the returned db.
+func Open(path string) (*sql.DB, error) {
+	// The driver splits its parameters off at the first '?'.
+	if strings.Contains(path, "?") {
+		return nil, fmt.Errorf("sqlite: path %q must not contain '?'", path)
+	}
+	q := url.Values{
+		"_txlock": {"immediate"},
+		"_pragma": {fmt.Sprintf("busy_timeout(%d)", BusyTimeoutMillis), "foreign_keys(1)", "journal_mode(WAL)"},
+	}
+	db, err := sql.Open("sqlite", path+"?"+q.Encode())
+	if err != nil {
+		return nil, fmt.Errorf("sqlite: open %s: %w", path, err)
+	}
+	// sql.Open connects lazily; fail here on a bad path or file.
+	if err := db.Ping(); err != nil {
+		_ = db.Close()
+		return nil, fmt.Errorf("sqlite: open %s: %w", path, err)
+	}
+	return db, nil
+}
+
+// Busy reports whether SQLite refused err's statement because another
+// connection held a lock: nothing was written and it is worth retrying.
+func Busy(err error) bool {
+	var se *sqlite.Error
+	if !errors.As(err, &se) {
+		return false
+	}
+	// Extended result codes carry the primary code in the low byte.
+	switch se.Code() & 0xff {
+	case sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED:
+		return true
+	}
+	return false
+}
+
+// Conflict marks a busy or locked error as optimistic.ErrConflict, SQLite's
+// kind of lost race, so that optimistic.Classify reports one that outlived
+// the retries as optimistic.ErrContended. Other errors pass unchanged.
+func Conflict(err error) error {
+	if Busy(err) {
+		return fmt.Errorf("%w: %w", optimistic.ErrConflict, err)
+	}
+	return err
+}

@@ -1,0 +1,169 @@
+package optimistic
+
+import (
+	"context"
+	"time"
+)
+
+// LeaseStore is the lease store contract of DESIGN.md. The WATCH/MULTI Store
+// here, the Lua baseline in bench/baseline and the SQLite store of
+// credpool serve all implement it, and all pass the conformance suite in
+// optimistic/leasetest. Implementations are safe for concurrent use.
+type LeaseStore interface {
+	// Allocate leases a slot on the first candidate, in the given order, that
+	// belongs to the provider/pool, is usable and has a free slot. The
+	// returned Stats are valid whatever the error.
+	Allocate(ctx context.Context, req AllocateRequest) (Lease, Stats, error)
+	// Release deletes the lease if all four ids match; otherwise it returns
+	// an error wrapping ErrLeaseLost and touches nothing.
+	Release(ctx context.Context, ref LeaseRef) error
+	// Renew extends a live lease to now+ttl and returns the new expiry.
+	Renew(ctx context.Context, ref LeaseRef, ttl time.Duration) (time.Time, error)
+	// SyncKey upserts a key's allocation state and pool membership.
+	SyncKey(ctx context.Context, k KeyState) error
+	// DeleteKey removes the key, its leases and its pool membership.
+	DeleteKey(ctx context.Context, keyID string) error
+	// ClearLeases force-releases every lease of the key and says how many.
+	ClearLeases(ctx context.Context, keyID string) (int, error)
+	// Inspect reports the live state of each key, in the order given.
+	Inspect(ctx context.Context, keyIDs ...string) ([]KeyInfo, error)
+	// Ping checks that the store answers (every node of a cluster). It
+	// reads and writes nothing.
+	Ping(ctx context.Context) error
+}
+
+var _ LeaseStore = (*Store)(nil)
+
+// Status is a key's health as the catalog sees it. Leases never change it,
+// except that a grant after a passed cooldown sets it back to available.
+type Status string
+
+// The statuses a key can have. Only available keys, and rate_limited or
+// cooldown keys whose cooldown has passed, take leases.
+const (
+	StatusAvailable   Status = "available"
+	StatusPending     Status = "pending"
+	StatusDisabled    Status = "disabled"
+	StatusExhausted   Status = "exhausted"
+	StatusRateLimited Status = "rate_limited"
+	StatusCooldown    Status = "cooldown"
+)
+
+// Valid reports whether s is one of the known statuses.
+func (s Status) Valid() bool {
+	switch s {
+	case StatusAvailable, StatusPending, StatusDisabled, StatusExhausted, StatusRateLimited, StatusCooldown:
+		return true
+	}
+	return false
+}
+
+// AllocateRequest asks for one lease.
+type AllocateRequest struct {
+	Provider string
+	Pool     string
+	// Candidates are key ids, best first. Ids that are not members of
+	// Provider/Pool are skipped and never get a lease written.
+	Candidates []string
+	// TTL is the lease length, at least one millisecond.
+	TTL time.Duration
+}
+
+// LeaseRef names a lease: release and renew succeed only if all four match.
+type LeaseRef struct {
+	Provider string
+	Pool     string
+	KeyID    string
+	LeaseID  string
+}
+
+// Lease is a granted slot.
+type Lease struct {
+	LeaseRef
+	// Until is the expiry by the store's clock; after it the slot returns
+	// to the pool by itself.
+	Until time.Time
+	// Fence increases with every grant on the key, so a downstream system
+	// can reject a stale holder. It restarts at 1 if the key is deleted.
+	Fence int64
+}
+
+// Stats counts the work one Allocate did.
+type Stats struct {
+	// Attempts is the number of read-decide rounds over all candidates
+	// (for SQLite: transactions, each covering every candidate).
+	Attempts int
+	// Conflicts is the number of rounds whose commit was aborted because
+	// another allocator changed the candidate first (for SQLite: rounds
+	// retried because the file was busy).
+	Conflicts int
+	// Pruned counts expired leases this call removed: leases whose holders
+	// never released them.
+	Pruned int
+}
+
+// KeyState is a credential's allocation state: what SyncKey writes and
+// Allocate decides on. It has no secret; the catalog keeps that.
+type KeyState struct {
+	ID       string
+	Provider string
+	Pool     string
+	Status   Status
+	// CooldownUntil is when a rate_limited or cooldown key may be used
+	// again; zero means not set, which keeps such a key unusable.
+	CooldownUntil time.Time
+	// MaxConcurrentUses is the slot limit; below 1 counts as 1.
+	MaxConcurrentUses int
+	// LastUsedAt is written only when non-zero.
+	LastUsedAt time.Time
+	// Score is the key's ops score in the pool ZSET; Allocate never reads it.
+	Score float64
+}
+
+// Validate returns an ErrInvalid naming a malformed id or unknown status.
+func (k KeyState) Validate() error {
+	if err := checkIDs("key id", k.ID, "provider", k.Provider, "pool", k.Pool); err != nil {
+		return err
+	}
+	if !k.Status.Valid() {
+		return invalidf("status %q of key %s: unknown", k.Status, k.ID)
+	}
+	return nil
+}
+
+// KeyInfo is a key's live state by the store's clock.
+type KeyInfo struct {
+	ID            string
+	Exists        bool
+	Provider      string
+	Pool          string
+	Status        Status
+	CooldownUntil time.Time
+	// Limit is max_concurrent_uses as Allocate reads it (at least 1).
+	Limit int
+	// Live counts unexpired leases.
+	Live int
+	// FreeAt is the earliest moment the key can grant: the store's now if it
+	// can grant now, else the end of its cooldown or its first lease expiry,
+	// whichever is later. Zero means it never frees up by itself.
+	FreeAt time.Time
+	// Fence is the last fencing token handed out.
+	Fence int64
+}
+
+// Validate returns an ErrInvalid naming the first bad field: a malformed
+// id or a ttl under 1ms.
+func (req AllocateRequest) Validate() error {
+	if err := checkIDs("provider", req.Provider, "pool", req.Pool); err != nil {
+		return err
+	}
+	if err := CheckKeyIDs(req.Candidates...); err != nil {
+		return err
+	}
+	return CheckTTL(req.TTL)
+}
+
+// Validate returns an ErrInvalid naming the first malformed id.
+func (ref LeaseRef) Validate() error {
+	return checkIDs("provider", ref.Provider, "pool", ref.Pool, "key id", ref.KeyID, "lease id", ref.LeaseID)
+}
