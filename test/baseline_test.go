@@ -21,23 +21,23 @@ func newBaseline(t *testing.T, rdb redis.UniversalClient) optimistic.LeaseStore 
 }
 
 func TestBaselineConformance(t *testing.T) {
-	leasetest.Run(t, func(t *testing.T) leasetest.Backend { return redisBackend(t, false, newBaseline) })
+	leasetest.Run(t, func(t *testing.T) leasetest.Backend { return redisBackend(t, standalone, newBaseline) })
 }
 
 func TestBaselineConformanceCluster(t *testing.T) {
-	leasetest.Run(t, func(t *testing.T) leasetest.Backend { return redisBackend(t, true, newBaseline) })
+	leasetest.Run(t, func(t *testing.T) leasetest.Backend { return redisBackend(t, cluster, newBaseline) })
 }
 
 func TestBaselineStress(t *testing.T) {
-	leasetest.Stress(t, func(t *testing.T) leasetest.Backend { return redisBackend(t, false, newBaseline) }, 3*time.Second)
+	leasetest.Stress(t, func(t *testing.T) leasetest.Backend { return redisBackend(t, standalone, newBaseline) }, 3*time.Second)
 }
 
 // Both stores use one key schema, so either one sees, releases, renews and
 // deletes what the other wrote.
 func TestStoresShareSchema(t *testing.T) {
-	for _, cluster := range []bool{false, true} {
+	for _, onCluster := range []bool{false, true} {
 		start := redistest.Start
-		if cluster {
+		if onCluster {
 			start = redistest.StartCluster
 		}
 		rdb := start(t).Client(t)
@@ -47,7 +47,7 @@ func TestStoresShareSchema(t *testing.T) {
 		}
 		for _, pair := range [][2]string{{"optimistic", "baseline"}, {"baseline", "optimistic"}} {
 			name := pair[0] + " then " + pair[1]
-			if cluster {
+			if onCluster {
 				name += " on cluster"
 			}
 			t.Run(name, func(t *testing.T) {

@@ -14,14 +14,34 @@ import (
 	"github.com/credpool/credpool/test/redistest"
 )
 
+// topology is how the suite's client reaches its fresh redis-server.
+type topology int
+
+const (
+	standalone topology = iota
+	cluster             // a one-node cluster owning every slot
+	ring                // a go-redis Ring of one shard: the store falls back to go-redis's own WATCH
+)
+
 // redisBackend wraps any store built on a fresh redis-server for the suite.
-func redisBackend(t *testing.T, cluster bool, newStore func(t *testing.T, rdb redis.UniversalClient) optimistic.LeaseStore) leasetest.Backend {
-	start := redistest.Start
-	if cluster {
-		start = redistest.StartCluster
+func redisBackend(t *testing.T, top topology, newStore func(t *testing.T, rdb redis.UniversalClient) optimistic.LeaseStore) leasetest.Backend {
+	var (
+		srv *redistest.Server
+		rdb redis.UniversalClient
+	)
+	switch top {
+	case cluster:
+		srv = redistest.StartCluster(t)
+		rdb = srv.Client(t)
+	case ring:
+		srv = redistest.Start(t)
+		r := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"only": srv.Addr}, DialerRetries: 1})
+		t.Cleanup(func() { _ = r.Close() })
+		rdb = r
+	default:
+		srv = redistest.Start(t)
+		rdb = srv.Client(t)
 	}
-	srv := start(t)
-	rdb := srv.Client(t)
 	return leasetest.Backend{
 		Store: newStore(t, rdb),
 		SetField: func(t *testing.T, keyID, field string, value *string) {
@@ -47,13 +67,19 @@ func newOptimistic(t *testing.T, rdb redis.UniversalClient) optimistic.LeaseStor
 }
 
 func TestOptimisticConformance(t *testing.T) {
-	leasetest.Run(t, func(t *testing.T) leasetest.Backend { return redisBackend(t, false, newOptimistic) })
+	leasetest.Run(t, func(t *testing.T) leasetest.Backend { return redisBackend(t, standalone, newOptimistic) })
 }
 
 func TestOptimisticConformanceCluster(t *testing.T) {
-	leasetest.Run(t, func(t *testing.T) leasetest.Backend { return redisBackend(t, true, newOptimistic) })
+	leasetest.Run(t, func(t *testing.T) leasetest.Backend { return redisBackend(t, cluster, newOptimistic) })
+}
+
+// Clients other than standalone, Sentinel and Cluster take go-redis's own
+// WATCH path, whose callback may run again: the contract holds there too.
+func TestOptimisticConformanceRing(t *testing.T) {
+	leasetest.Run(t, func(t *testing.T) leasetest.Backend { return redisBackend(t, ring, newOptimistic) })
 }
 
 func TestOptimisticStress(t *testing.T) {
-	leasetest.Stress(t, func(t *testing.T) leasetest.Backend { return redisBackend(t, false, newOptimistic) }, 3*time.Second)
+	leasetest.Stress(t, func(t *testing.T) leasetest.Backend { return redisBackend(t, standalone, newOptimistic) }, 3*time.Second)
 }

@@ -200,6 +200,40 @@ func TestSQLiteLockedFileIsContended(t *testing.T) {
 	require.Equal(t, optimistic.Stats{Attempts: 1}, st)
 }
 
+// A caller whose deadline ends while the file stays locked learns both
+// why the store was retrying (busy: a conflict) and why it stopped.
+func TestSQLiteLockedUntilDeadlineKeepsBothCauses(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "leases.db")
+	holder := openSQLite(t, path)
+	require.NoError(t, newSQLiteStore(t, holder, nil).SyncKey(t.Context(), optimistic.KeyState{
+		ID: "k", Provider: "openai", Pool: "default", Status: optimistic.StatusAvailable, MaxConcurrentUses: 1,
+	}))
+	db, err := sql.Open("sqlite", path+"?_txlock=immediate&_pragma=busy_timeout(5)")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = db.Close() })
+	store := newSQLiteStore(t, db, &sqlitestore.Options{MaxBusyRetries: 1000, MaxElapsed: time.Hour})
+	lock, err := holder.BeginTx(t.Context(), nil)
+	require.NoError(t, err)
+	defer func() { _ = lock.Rollback() }()
+
+	ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
+	defer cancel()
+	_, _, err = store.Allocate(ctx, optimistic.AllocateRequest{Provider: "openai", Pool: "default", Candidates: []string{"k"}, TTL: time.Minute})
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.ErrorIs(t, err, optimistic.ErrConflict, "the busy cause is kept")
+	require.NotErrorIs(t, err, optimistic.ErrStore)
+	require.NotErrorIs(t, err, optimistic.ErrNoCapacity)
+}
+
+// New migrates under the caller's ctx.
+func TestSQLiteNewHonoursContext(t *testing.T) {
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	_, err := sqlitestore.New(ctx, openSQLite(t, filepath.Join(t.TempDir(), "leases.db")), nil)
+	require.ErrorIs(t, err, context.Canceled)
+	require.NotErrorIs(t, err, optimistic.ErrStore)
+}
+
 // sqliteHelperEnv names the shared file for TestSQLiteHelperProcess.
 const sqliteHelperEnv = "CREDPOOL_SQLITE_HELPER_FILE"
 

@@ -21,6 +21,9 @@ type poolRun struct {
 	pool  string
 	model string
 	grant *Grant
+	// cooling is the earliest cooldown end of a key whose grant was given
+	// back because it started cooling meanwhile: it frees up by itself.
+	cooling time.Time
 }
 
 // candidates returns the pool's keys that serve the model and may take a
@@ -95,6 +98,10 @@ func (p *poolRun) allocate(ctx context.Context, cands []catalog.Key) error {
 				continue
 			}
 		}
+		var full *optimistic.CapacityError
+		if errors.As(err, &full) {
+			return &optimistic.CapacityError{FreeAt: earliest(full.FreeAt, p.cooling)}
+		}
 		if err != nil {
 			return err
 		}
@@ -104,7 +111,7 @@ func (p *poolRun) allocate(ctx context.Context, cands []catalog.Key) error {
 		}
 		order = slices.DeleteFunc(order, func(id string) bool { return id == lease.KeyID })
 	}
-	return &optimistic.CapacityError{}
+	return &optimistic.CapacityError{FreeAt: p.cooling}
 }
 
 // rank orders cands best first, reading their live state from the store
@@ -189,6 +196,9 @@ func (p *poolRun) confirm(ctx context.Context, lease optimistic.Lease) (bool, er
 		reason = "moved to another provider or pool"
 	case !k.Usable(now):
 		reason = "status " + string(k.Status)
+		if k.Status == optimistic.StatusRateLimited || k.Status == optimistic.StatusCooldown {
+			p.cooling = earliest(p.cooling, k.CooldownUntil)
+		}
 	case !k.Supports(p.model):
 		reason = "no longer serves the model"
 	}

@@ -4,18 +4,18 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"time"
 
 	"github.com/credpool/credpool/internal/retry"
 	"github.com/credpool/credpool/internal/sqlitex"
 	"github.com/credpool/credpool/optimistic"
 )
 
-// busyPolicy retries writes that came back busy. SQLite's busy handler is
+// busyPolicy retries writes that came back busy, with retry's defaults (10
+// pauses from 1ms, doubling to 64ms, within 2s). SQLite's busy handler is
 // not fair: under a stream of writers from other processes, or the lease
 // store sharing the file, one connection can wait out its whole
 // busy_timeout, so such a write is tried again after a jittered pause.
-var busyPolicy = retry.Policy{MaxRetries: 10, MinBackoff: time.Millisecond, MaxBackoff: 64 * time.Millisecond, MaxElapsed: 2 * time.Second}
+var busyPolicy = retry.Policy{}
 
 // inTx runs fn in one write transaction and commits if fn succeeds;
 // otherwise it rolls back and nothing is written. A busy transaction runs

@@ -40,26 +40,6 @@ type Options struct {
 	MaxElapsed time.Duration
 }
 
-func (o *Options) withDefaults() Options {
-	var out Options
-	if o != nil {
-		out = *o
-	}
-	if out.MaxBusyRetries <= 0 {
-		out.MaxBusyRetries = 10
-	}
-	if out.MinBackoff <= 0 {
-		out.MinBackoff = time.Millisecond
-	}
-	if out.MaxBackoff <= 0 {
-		out.MaxBackoff = 64 * time.Millisecond
-	}
-	if out.MaxElapsed <= 0 {
-		out.MaxElapsed = 2 * time.Second
-	}
-	return out
-}
-
 // Store is the lease store on SQLite. It is safe for concurrent use, and
 // several processes may use the same file at once.
 type Store struct {
@@ -79,7 +59,11 @@ func New(ctx context.Context, db *sql.DB, opts *Options) (*Store, error) {
 	if db == nil {
 		return nil, errors.New("sqlitestore: nil database")
 	}
-	o := opts.withDefaults()
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	// Zero fields take retry.Policy's defaults, which are the ones above.
 	s := &Store{
 		db: db, writer: make(chan struct{}, 1),
 		policy: retry.Policy{MaxRetries: o.MaxBusyRetries, MinBackoff: o.MinBackoff, MaxBackoff: o.MaxBackoff, MaxElapsed: o.MaxElapsed},

@@ -3,7 +3,9 @@ package redistest
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -14,12 +16,14 @@ import (
 // a client cannot tell from a real network failure.
 type Proxy struct {
 	// Addr is where clients connect.
-	Addr   string
-	target string
-	ln     net.Listener
-	cut    atomic.Bool
-	cuts   atomic.Int64
-	wg     sync.WaitGroup
+	Addr     string
+	target   string
+	ln       net.Listener
+	cut      atomic.Bool
+	cuts     atomic.Int64
+	refuse   atomic.Pointer[[]byte] // a lone command to answer with an error
+	refusals atomic.Int64
+	wg       sync.WaitGroup
 }
 
 // NewProxy forwards connections on a free loopback port to target until t
@@ -47,6 +51,28 @@ func (p *Proxy) CutNextExec() { p.cut.Store(true) }
 
 // Cuts says how many replies the proxy has dropped.
 func (p *Proxy) Cuts() int { return int(p.cuts.Load()) }
+
+// RefuseNext makes the proxy answer the next request that is the lone
+// command name (no arguments, e.g. "unwatch") with an error reply of its
+// own, without the server ever seeing it: a server that refuses a command.
+func (p *Proxy) RefuseNext(name string) {
+	req := []byte(fmt.Sprintf("*1\r\n$%d\r\n%s\r\n", len(name), strings.ToLower(name)))
+	p.refuse.Store(&req)
+}
+
+// Refusals says how many requests the proxy has refused.
+func (p *Proxy) Refusals() int { return int(p.refusals.Load()) }
+
+// refused reports whether chunk is the request RefuseNext named, and if so
+// forgets it.
+func (p *Proxy) refused(chunk []byte) bool {
+	req := p.refuse.Load()
+	if req == nil || !bytes.Equal(bytes.ToLower(chunk), *req) || !p.refuse.CompareAndSwap(req, nil) {
+		return false
+	}
+	p.refusals.Add(1)
+	return true
+}
 
 func (p *Proxy) accept() {
 	defer p.wg.Done()
@@ -78,6 +104,12 @@ func (p *Proxy) toServer(client, server net.Conn, mute *atomic.Bool) {
 		n, err := client.Read(buf)
 		if n > 0 {
 			chunk := buf[:n]
+			if p.refused(chunk) {
+				if _, werr := client.Write([]byte("-ERR refused by the fault proxy\r\n")); werr != nil || err != nil {
+					return
+				}
+				continue
+			}
 			cutting := bytes.Contains(bytes.ToLower(chunk), execCmd) && p.cut.CompareAndSwap(true, false)
 			if cutting {
 				mute.Store(true)

@@ -1,0 +1,981 @@
+package broker_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/credpool/credpool/internal/broker"
+	"github.com/credpool/credpool/internal/catalog"
+	"github.com/credpool/credpool/internal/sqlitestore"
+	"github.com/credpool/credpool/internal/sqlitex"
+	"github.com/credpool/credpool/optimistic"
+)
+
+func TestAllocateGrants(t *testing.T) {
+	e := newEnv(t, key("a", "default", 2))
+	require.NoError(t, e.admin.SetAlias(t.Context(), provider, "latest", model))
+	before := time.Now()
+
+	r := req("default")
+	r.Model = "latest"
+	g := allocate(t, e.plain(), r)
+
+	require.Equal(t, optimistic.LeaseRef{Provider: provider, Pool: "default", KeyID: "a", LeaseID: g.LeaseID}, g.LeaseRef)
+	require.Equal(t, model, g.Model, "the alias resolves to the canonical model")
+	require.Equal(t, "sk-a", g.Secret.Reveal())
+	require.True(t, g.Until.After(before), "until %v", g.Until)
+	require.Positive(t, g.Fence)
+	require.Positive(t, g.Stats.Attempts)
+	require.Equal(t, 1, e.live(t, "a"))
+	require.False(t, e.get(t, "a").LastUsedAt.IsZero(), "the grant is recorded as a use in the catalog")
+}
+
+func TestAllocateValidates(t *testing.T) {
+	e := newEnv(t, key("a", "default", 1))
+	for _, c := range []struct {
+		name string
+		edit func(r *broker.Request)
+	}{
+		{"no provider", func(r *broker.Request) { r.Provider = "" }},
+		{"bad pool", func(r *broker.Request) { r.Pool = "no/slash" }},
+		{"no ttl", func(r *broker.Request) { r.TTL = 0 }},
+		{"no model", func(r *broker.Request) { r.Model = "" }},
+		{"bad request id", func(r *broker.Request) { r.RequestID = "has space" }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r := req("default")
+			c.edit(&r)
+			_, err := e.plain().Allocate(t.Context(), r)
+			require.ErrorIs(t, err, optimistic.ErrInvalid)
+			require.Zero(t, e.live(t, "a"))
+		})
+	}
+
+	t.Run("request id without a request log", func(t *testing.T) {
+		r := req("default")
+		r.RequestID = "r1"
+		_, err := broker.New(e.cat, e.store, &broker.Options{Logger: e.log}).Allocate(t.Context(), r)
+		require.ErrorIs(t, err, optimistic.ErrInvalid)
+		require.Zero(t, e.live(t, "a"))
+	})
+}
+
+func TestPoolFallback(t *testing.T) {
+	t.Run("vip borrows default when full", func(t *testing.T) {
+		e := newEnv(t, key("v", "vip", 1), key("d", "default", 1))
+		b := e.plain()
+		require.Equal(t, "v", allocate(t, b, req("vip")).KeyID, "vip's own key first")
+		g := allocate(t, b, req("vip"))
+		require.Equal(t, "d", g.KeyID)
+		require.Equal(t, "default", g.Pool, "the lease names the pool it came from")
+		_, err := b.Allocate(t.Context(), req("vip"))
+		capacityError(t, err)
+	})
+
+	t.Run("default never borrows vip", func(t *testing.T) {
+		e := newEnv(t, key("v", "vip", 1), key("d", "default", 1))
+		b := e.plain()
+		require.Equal(t, "d", allocate(t, b, req("default")).KeyID)
+		_, err := b.Allocate(t.Context(), req("default"))
+		capacityError(t, err)
+		require.Zero(t, e.live(t, "v"))
+	})
+
+	t.Run("default with only vip keys has no candidates", func(t *testing.T) {
+		e := newEnv(t, key("v", "vip", 1))
+		_, err := e.plain().Allocate(t.Context(), req("default"))
+		require.ErrorIs(t, err, broker.ErrNoCandidates)
+	})
+
+	t.Run("configured order replaces the default", func(t *testing.T) {
+		e := newEnv(t, key("v", "vip", 1), key("d", "default", 1))
+		b := broker.New(e.cat, e.store, &broker.Options{Pools: broker.PoolOrder{"default": {"vip"}}, Logger: e.log})
+		require.Equal(t, "d", allocate(t, b, req("default")).KeyID)
+		require.Equal(t, "v", allocate(t, b, req("default")).KeyID)
+		_, err := b.Allocate(t.Context(), req("vip"))
+		capacityError(t, err)
+	})
+}
+
+func TestContendedPool(t *testing.T) {
+	contended := func(pools ...string) func(optimistic.AllocateRequest) error {
+		return func(r optimistic.AllocateRequest) error {
+			for _, p := range pools {
+				if r.Pool == p {
+					return fmt.Errorf("%w: %w", optimistic.ErrContended, errInjected)
+				}
+			}
+			return nil
+		}
+	}
+
+	t.Run("vip contended falls through to default", func(t *testing.T) {
+		e := newEnv(t, key("v", "vip", 1), key("d", "default", 1))
+		s := &hookStore{Store: e.store, fault: contended("vip")}
+		g := allocate(t, e.broker(e.cat, s), req("vip"))
+		require.Equal(t, "d", g.KeyID)
+		calls := s.recorded()
+		require.Len(t, calls, 2)
+		require.Equal(t, "vip", calls[0].pool)
+		require.ErrorIs(t, calls[0].err, optimistic.ErrContended)
+		require.Equal(t, allocCall{pool: "default", granted: "d"}, calls[1])
+		require.Zero(t, e.live(t, "v"))
+	})
+
+	t.Run("every pool contended", func(t *testing.T) {
+		e := newEnv(t, key("v", "vip", 1), key("d", "default", 1))
+		s := &hookStore{Store: e.store, fault: contended("vip", "default")}
+		_, err := e.broker(e.cat, s).Allocate(t.Context(), req("vip"))
+		require.ErrorIs(t, err, optimistic.ErrContended)
+		require.NotErrorIs(t, err, optimistic.ErrNoCapacity)
+		require.Len(t, s.recorded(), 2, "a contended pool is tried once, not repaired")
+		require.Zero(t, e.live(t, "v"))
+		require.Zero(t, e.live(t, "d"))
+	})
+}
+
+func TestAllocateNoCandidatesOrPolicy(t *testing.T) {
+	// with returns key id in pool with an edit applied.
+	with := func(id, pool string, edit func(k *catalog.Key)) catalog.Key {
+		k := key(id, pool, 1)
+		edit(&k)
+		return k
+	}
+	otherModel := func(k *catalog.Key) { k.Models = []string{"gpt-3.5"} }
+	statusOf := func(s optimistic.Status) func(k *catalog.Key) {
+		return func(k *catalog.Key) { k.Status = s }
+	}
+	for _, c := range []struct {
+		name string
+		keys []catalog.Key
+		pool string
+		want error
+	}{
+		{"no keys at all", nil, "default", broker.ErrNoCandidates},
+		{"keys of another provider only", []catalog.Key{
+			with("x", "default", func(k *catalog.Key) { k.Provider = "anthropic" }),
+		}, "vip", broker.ErrNoCandidates},
+		{"no key serves the model", []catalog.Key{with("o", "default", otherModel)}, "default", broker.ErrPolicy},
+		{"no key in vip or default serves the model", []catalog.Key{
+			with("o", "default", otherModel), with("o2", "vip", otherModel),
+		}, "vip", broker.ErrPolicy},
+		{"every serving key disabled", []catalog.Key{
+			with("o", "default", otherModel), with("a", "default", statusOf(optimistic.StatusDisabled)),
+		}, "default", broker.ErrPolicy},
+		{"serving keys disabled, pending, exhausted", []catalog.Key{
+			with("a", "default", statusOf(optimistic.StatusDisabled)),
+			with("b", "default", statusOf(optimistic.StatusPending)),
+			with("c", "default", statusOf(optimistic.StatusExhausted)),
+		}, "default", broker.ErrPolicy},
+		{"rate limited without a cooldown end", []catalog.Key{
+			with("a", "default", statusOf(optimistic.StatusRateLimited)),
+		}, "default", broker.ErrPolicy},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e := newEnv(t, c.keys...)
+			s := &hookStore{Store: e.store}
+			_, err := e.broker(e.cat, s).Allocate(t.Context(), req(c.pool))
+			require.ErrorIs(t, err, c.want)
+			require.NotErrorIs(t, err, optimistic.ErrNoCapacity)
+			require.Empty(t, s.recorded(), "no key is offered to the store, not even briefly")
+		})
+	}
+}
+
+func TestCapacityErrorFreeAt(t *testing.T) {
+	// hold fills a pool's only key with a lease of ttl and returns its end.
+	hold := func(t *testing.T, b *broker.Broker, pool string, ttl time.Duration) time.Time {
+		t.Helper()
+		r := req(pool)
+		r.TTL = ttl
+		g := allocate(t, b, r)
+		require.Equal(t, pool, g.Pool)
+		return g.Until
+	}
+	for _, c := range []struct {
+		name               string
+		vipTTL, defaultTTL time.Duration
+		earliestIsVIP      bool
+	}{
+		{"default frees first", time.Hour, time.Minute, false},
+		{"vip frees first", time.Minute, time.Hour, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e := newEnv(t, key("v", "vip", 1), key("d", "default", 1))
+			b := e.plain()
+			vip := hold(t, b, "vip", c.vipTTL)
+			def := hold(t, b, "default", c.defaultTTL)
+			want := def
+			if c.earliestIsVIP {
+				want = vip
+			}
+			_, err := b.Allocate(t.Context(), req("vip"))
+			require.Equal(t, want.UnixMilli(), capacityError(t, err).FreeAt.UnixMilli())
+			require.Equal(t, 1, e.live(t, "v"))
+			require.Equal(t, 1, e.live(t, "d"))
+		})
+	}
+
+	t.Run("a cooling key's cooldown end counts", func(t *testing.T) {
+		cooling := key("v", "vip", 1)
+		cooling.Status, cooling.CooldownUntil = optimistic.StatusRateLimited, time.Now().Add(10*time.Minute)
+		e := newEnv(t, cooling, key("d", "default", 1))
+		b := e.plain()
+		hold(t, b, "default", time.Hour)
+		_, err := b.Allocate(t.Context(), req("vip"))
+		require.Equal(t, cooling.CooldownUntil.UnixMilli(), capacityError(t, err).FreeAt.UnixMilli())
+		require.Zero(t, e.live(t, "v"), "a cooling key is not offered to the store")
+	})
+
+	t.Run("the store's FreeAt passes through", func(t *testing.T) {
+		e := newEnv(t, key("v", "vip", 1), key("d", "default", 1))
+		hold(t, e.plain(), "default", time.Hour)
+		soon := time.UnixMilli(time.Now().Add(time.Second).UnixMilli())
+		s := &hookStore{Store: e.store, fault: func(r optimistic.AllocateRequest) error {
+			if r.Pool == "vip" {
+				return &optimistic.CapacityError{FreeAt: soon}
+			}
+			return nil
+		}}
+		_, err := e.broker(e.cat, s).Allocate(t.Context(), req("vip"))
+		require.True(t, soon.Equal(capacityError(t, err).FreeAt), "free at %v, want %v", capacityError(t, err).FreeAt, soon)
+	})
+}
+
+func TestCatalogFailures(t *testing.T) {
+	t.Run("list", func(t *testing.T) {
+		e := newEnv(t, key("a", "default", 1))
+		c := &flakyCatalog{SQL: e.cat, listErr: errInjected}
+		_, err := e.broker(c, e.store).Allocate(t.Context(), req("default"))
+		require.ErrorIs(t, err, broker.ErrCatalog)
+		require.ErrorIs(t, err, errInjected, "the cause is kept")
+		require.Zero(t, e.live(t, "a"))
+	})
+
+	t.Run("get during confirm gives the slot back", func(t *testing.T) {
+		e := newEnv(t, key("a", "default", 1), key("b", "default", 1))
+		c := &flakyCatalog{SQL: e.cat, failGet: 1, getErr: errInjected}
+		s := &hookStore{Store: e.store}
+		_, err := e.broker(c, s).Allocate(t.Context(), req("default"))
+		require.ErrorIs(t, err, broker.ErrCatalog)
+		require.ErrorIs(t, err, errInjected)
+		calls := s.recorded()
+		require.Len(t, calls, 1, "a failing catalog stops the request, no other key is tried")
+		require.NotEmpty(t, calls[0].granted)
+		require.Zero(t, e.live(t, "a"))
+		require.Zero(t, e.live(t, "b"))
+	})
+
+	t.Run("get during repair", func(t *testing.T) {
+		e := newEnv(t)
+		_, err := e.cat.Put(t.Context(), key("a", "default", 1)) // never synced
+		require.NoError(t, err)
+		c := &flakyCatalog{SQL: e.cat, failGet: 1, getErr: errInjected}
+		_, err = e.broker(c, e.store).Allocate(t.Context(), req("default"))
+		require.ErrorIs(t, err, broker.ErrCatalog)
+		require.False(t, e.info(t, "a").Exists, "nothing synced")
+	})
+
+	t.Run("mark used gives the slot back", func(t *testing.T) {
+		e := newEnv(t, key("a", "default", 1))
+		c := &flakyCatalog{SQL: e.cat, markUsed: func(string) error { return errInjected }}
+		_, err := e.broker(c, e.store).Allocate(t.Context(), req("default"))
+		require.ErrorIs(t, err, broker.ErrCatalog)
+		require.Zero(t, e.live(t, "a"))
+	})
+
+	t.Run("renew", func(t *testing.T) {
+		e := newEnv(t, key("a", "default", 1))
+		g := allocate(t, e.plain(), req("default"))
+		c := &flakyCatalog{SQL: e.cat, failGet: 1, getErr: errInjected}
+		_, err := e.broker(c, e.store).Renew(t.Context(), g.LeaseRef, time.Minute)
+		require.ErrorIs(t, err, broker.ErrCatalog)
+		require.NotErrorIs(t, err, optimistic.ErrLeaseLost, "a catalog outage does not revoke the holder")
+		require.Equal(t, 1, e.live(t, "a"))
+	})
+}
+
+func TestCancellationIsNotCatalogFailure(t *testing.T) {
+	t.Run("before the request", func(t *testing.T) {
+		e := newEnv(t, key("a", "default", 1))
+		ctx, cancel := context.WithCancel(t.Context())
+		cancel()
+		_, err := e.plain().Allocate(ctx, req("default"))
+		require.ErrorIs(t, err, context.Canceled)
+		require.NotErrorIs(t, err, broker.ErrCatalog)
+		require.Zero(t, e.live(t, "a"))
+	})
+
+	t.Run("between grant and confirm", func(t *testing.T) {
+		e := newEnv(t, key("a", "default", 1), key("b", "default", 1))
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		s := &hookStore{Store: e.store}
+		_, err := e.broker(cancelingCatalog{SQL: e.cat, cancel: cancel}, s).Allocate(ctx, req("default"))
+		require.ErrorIs(t, err, context.Canceled)
+		require.NotErrorIs(t, err, broker.ErrCatalog)
+		require.Len(t, s.recorded(), 1)
+		require.Zero(t, e.live(t, "a"), "the slot is given back after the caller left")
+		require.Zero(t, e.live(t, "b"))
+	})
+}
+
+func TestRepair(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		// stale makes the store's view of key a (limit 2) differ from the
+		// catalog's, with held of its slots taken.
+		stale func(t *testing.T, e *env)
+		held  int
+	}{
+		{"never synced", func(t *testing.T, e *env) {
+			_, err := e.cat.Put(t.Context(), key("a", "default", 2))
+			require.NoError(t, err)
+		}, 0},
+		{"store says disabled", func(t *testing.T, e *env) {
+			_, err := e.admin.Put(t.Context(), key("a", "default", 2))
+			require.NoError(t, err)
+			s := key("a", "default", 2).LeaseState()
+			s.Status = optimistic.StatusDisabled
+			require.NoError(t, e.store.SyncKey(t.Context(), s))
+		}, 0},
+		{"store has it in another pool", func(t *testing.T, e *env) {
+			_, err := e.admin.Put(t.Context(), key("a", "default", 2))
+			require.NoError(t, err)
+			require.NoError(t, e.store.SyncKey(t.Context(), key("a", "vip", 2).LeaseState()))
+		}, 0},
+		{"store has a lower limit", func(t *testing.T, e *env) {
+			_, err := e.admin.Put(t.Context(), key("a", "default", 2))
+			require.NoError(t, err)
+			allocate(t, e.plain(), req("default"))
+			require.NoError(t, e.store.SyncKey(t.Context(), key("a", "default", 1).LeaseState()))
+		}, 1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e := newEnv(t)
+			c.stale(t, e)
+			s := &hookStore{Store: e.store}
+			g := allocate(t, e.broker(e.cat, s), req("default"))
+			require.Equal(t, "a", g.KeyID)
+
+			calls := s.recorded()
+			require.Len(t, calls, 2, "one store miss, one repair, one grant")
+			require.ErrorIs(t, calls[0].err, optimistic.ErrNoCapacity)
+			require.Equal(t, allocCall{pool: "default", granted: "a"}, calls[1])
+
+			in := e.info(t, "a")
+			require.True(t, in.Exists)
+			require.Equal(t, "default", in.Pool)
+			require.Equal(t, optimistic.StatusAvailable, in.Status)
+			require.Equal(t, 2, in.Limit)
+			require.Equal(t, c.held+1, in.Live)
+		})
+	}
+}
+
+func TestRepairDoesNotOversell(t *testing.T) {
+	t.Run("full", func(t *testing.T) {
+		e := newEnv(t, key("a", "default", 1))
+		held := allocate(t, e.plain(), req("default"))
+		s := &hookStore{Store: e.store}
+		_, err := e.broker(e.cat, s).Allocate(t.Context(), req("default"))
+		require.Equal(t, held.Until.UnixMilli(), capacityError(t, err).FreeAt.UnixMilli())
+		require.Len(t, s.recorded(), 1, "a store that agrees with the catalog is not asked again")
+		require.Equal(t, 1, e.live(t, "a"))
+	})
+
+	t.Run("full and stale", func(t *testing.T) {
+		e := newEnv(t, key("a", "default", 1))
+		held := allocate(t, e.plain(), req("default"))
+		s := key("a", "default", 1).LeaseState()
+		s.Status = optimistic.StatusDisabled
+		require.NoError(t, e.store.SyncKey(t.Context(), s)) // keeps the lease
+
+		hs := &hookStore{Store: e.store}
+		_, err := e.broker(e.cat, hs).Allocate(t.Context(), req("default"))
+		require.Equal(t, held.Until.UnixMilli(), capacityError(t, err).FreeAt.UnixMilli())
+		calls := hs.recorded()
+		require.Len(t, calls, 2, "repaired, asked once more")
+		require.ErrorIs(t, calls[1].err, optimistic.ErrNoCapacity, "still full after the repair")
+		in := e.info(t, "a")
+		require.Equal(t, optimistic.StatusAvailable, in.Status)
+		require.Equal(t, 1, in.Live)
+	})
+
+	t.Run("key gone from the catalog is not written back", func(t *testing.T) {
+		e := newEnv(t)
+		_, err := e.cat.Put(t.Context(), key("a", "default", 1)) // never synced
+		require.NoError(t, err)
+		c := &flakyCatalog{SQL: e.cat, failGet: 1, getErr: fmt.Errorf("%w: %q", catalog.ErrNotFound, "a")}
+		_, err = e.broker(c, e.store).Allocate(t.Context(), req("default"))
+		require.ErrorIs(t, err, broker.ErrPolicy)
+		require.False(t, e.info(t, "a").Exists)
+	})
+}
+
+func TestConfirmGivesBack(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		// change edits the granted key in the catalog behind the store's
+		// back; check looks at the store's view of it afterwards.
+		change func(t *testing.T, e *env, id string)
+		check  func(t *testing.T, in optimistic.KeyInfo)
+	}{
+		{"deleted", func(t *testing.T, e *env, id string) {
+			require.NoError(t, e.cat.Delete(t.Context(), id))
+		}, func(t *testing.T, in optimistic.KeyInfo) {
+			require.False(t, in.Exists, "gone from the catalog, gone from the store")
+		}},
+		{"disabled", func(t *testing.T, e *env, id string) {
+			k := e.get(t, id)
+			k.Status = optimistic.StatusDisabled
+			_, err := e.cat.Put(t.Context(), k)
+			require.NoError(t, err)
+		}, func(t *testing.T, in optimistic.KeyInfo) {
+			require.Equal(t, optimistic.StatusDisabled, in.Status)
+		}},
+		{"rate limited", func(t *testing.T, e *env, id string) {
+			_, err := e.cat.Report(t.Context(), id, catalog.OutcomeRateLimited, time.Hour, time.Now())
+			require.NoError(t, err)
+		}, func(t *testing.T, in optimistic.KeyInfo) {
+			require.Equal(t, optimistic.StatusRateLimited, in.Status)
+		}},
+		{"moved to another pool", func(t *testing.T, e *env, id string) {
+			k := e.get(t, id)
+			k.Pool = "vip"
+			_, err := e.cat.Put(t.Context(), k)
+			require.NoError(t, err)
+		}, func(t *testing.T, in optimistic.KeyInfo) {
+			require.Equal(t, "vip", in.Pool)
+		}},
+		{"no longer serves the model", func(t *testing.T, e *env, id string) {
+			k := e.get(t, id)
+			k.Models = []string{"gpt-3.5"}
+			_, err := e.cat.Put(t.Context(), k)
+			require.NoError(t, err)
+		}, func(t *testing.T, in optimistic.KeyInfo) {
+			require.Equal(t, optimistic.StatusAvailable, in.Status)
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e := newEnv(t, key("a", "default", 1), key("b", "default", 1))
+			var first string
+			s := &hookStore{Store: e.store, granted: func(l optimistic.Lease) {
+				if first == "" { // runs on the test goroutine: the broker calls the store in line
+					first = l.KeyID
+					c.change(t, e, l.KeyID)
+				}
+			}}
+			g := allocate(t, e.broker(e.cat, s), req("default"))
+
+			require.NotEmpty(t, first)
+			require.NotEqual(t, first, g.KeyID, "the next candidate is used")
+			require.Equal(t, "sk-"+g.KeyID, g.Secret.Reveal())
+			require.Len(t, s.recorded(), 2)
+			require.Zero(t, e.live(t, first), "the first grant is given back")
+			require.Equal(t, 1, e.live(t, g.KeyID))
+			c.check(t, e.info(t, first))
+		})
+	}
+
+	t.Run("key deleted before its use is recorded", func(t *testing.T) {
+		e := newEnv(t, key("a", "default", 1), key("b", "default", 1))
+		var first string
+		c := &flakyCatalog{SQL: e.cat, markUsed: func(id string) error {
+			if first == "" {
+				first = id
+				require.NoError(t, e.cat.Delete(t.Context(), id))
+			}
+			return nil
+		}}
+		g := allocate(t, e.broker(c, e.store), req("default"))
+		require.NotEqual(t, first, g.KeyID)
+		require.False(t, e.info(t, first).Exists)
+		require.Equal(t, 1, e.live(t, g.KeyID))
+	})
+
+	t.Run("the only key disabled", func(t *testing.T) {
+		e := newEnv(t, key("a", "default", 1))
+		s := &hookStore{Store: e.store, granted: func(l optimistic.Lease) {
+			k := e.get(t, l.KeyID)
+			k.Status = optimistic.StatusDisabled
+			_, err := e.cat.Put(t.Context(), k)
+			require.NoError(t, err)
+		}}
+		_, err := e.broker(e.cat, s).Allocate(t.Context(), req("default"))
+		require.ErrorIs(t, err, broker.ErrPolicy)
+		require.Zero(t, e.live(t, "a"))
+	})
+
+	// A key that starts cooling between the grant and the re-check frees
+	// up by itself: "full until the cooldown ends" (429), not a policy
+	// conflict (409).
+	t.Run("the only key rate limited", func(t *testing.T) {
+		e := newEnv(t, key("a", "default", 1))
+		var until time.Time
+		s := &hookStore{Store: e.store, granted: func(l optimistic.Lease) {
+			k, err := e.cat.Report(t.Context(), l.KeyID, catalog.OutcomeRateLimited, time.Hour, time.Now())
+			require.NoError(t, err)
+			until = k.CooldownUntil
+		}}
+		_, err := e.broker(e.cat, s).Allocate(t.Context(), req("default"))
+		var full *optimistic.CapacityError
+		require.ErrorAs(t, err, &full)
+		require.NotErrorIs(t, err, broker.ErrPolicy)
+		require.True(t, full.FreeAt.Equal(until), "FreeAt %v, cooldown ends %v", full.FreeAt, until)
+		require.Zero(t, e.live(t, "a"))
+	})
+}
+
+// TestConcurrentAllocate races callers on keys the store has never seen:
+// each may repair the store, and still no key holds more leases than its
+// limit.
+func TestConcurrentAllocate(t *testing.T) {
+	e := newEnv(t)
+	limits := map[string]int{"a": 1, "b": 2, "c": 1}
+	capacity := 0
+	for id, n := range limits {
+		_, err := e.cat.Put(t.Context(), key(id, "default", n)) // never synced
+		require.NoError(t, err)
+		capacity += n
+	}
+	b := e.plain()
+
+	const callers = 12
+	type result struct {
+		g   broker.Grant
+		err error
+	}
+	results := make(chan result, callers)
+	var wg sync.WaitGroup
+	for range callers {
+		wg.Go(func() {
+			g, err := b.Allocate(t.Context(), req("default"))
+			results <- result{g, err}
+		})
+	}
+	wg.Wait()
+	close(results)
+
+	leases := map[string]bool{}
+	full := 0
+	for r := range results {
+		var ce *optimistic.CapacityError
+		switch {
+		case r.err == nil:
+			leases[r.g.LeaseID] = true
+		case errors.As(r.err, &ce):
+			require.False(t, ce.FreeAt.IsZero(), "full means some lease ends")
+			full++
+		default:
+			require.ErrorIs(t, r.err, optimistic.ErrContended)
+		}
+	}
+	require.LessOrEqual(t, len(leases), capacity)
+	if full > 0 {
+		require.Len(t, leases, capacity, "full was answered, so every slot is taken")
+	}
+	total := 0
+	for id, n := range limits {
+		in := e.info(t, id)
+		require.LessOrEqual(t, in.Live, n, "key %s", id)
+		total += in.Live
+	}
+	require.Equal(t, len(leases), total)
+}
+
+func TestReplay(t *testing.T) {
+	e := newEnv(t, key("a", "default", 2))
+	b := e.plain()
+	withID := func(id string, ttl time.Duration) broker.Request {
+		r := req("default")
+		r.RequestID, r.TTL = id, ttl
+		return r
+	}
+
+	first := allocate(t, b, withID("r1", time.Minute))
+	again := allocate(t, b, withID("r1", time.Hour))
+	require.Equal(t, first.LeaseRef, again.LeaseRef, "the same id gets the same lease")
+	require.Equal(t, first.Fence, again.Fence)
+	require.Equal(t, first.Secret, again.Secret)
+	require.True(t, again.Until.After(first.Until), "renewed: %v, was %v", again.Until, first.Until)
+	require.Equal(t, 1, e.live(t, "a"), "no second slot")
+
+	other := allocate(t, b, withID("r2", time.Minute))
+	require.NotEqual(t, first.LeaseID, other.LeaseID)
+	require.Equal(t, 2, e.live(t, "a"))
+
+	require.NoError(t, b.Release(t.Context(), first.LeaseRef))
+	fresh := allocate(t, b, withID("r1", time.Minute))
+	require.NotEqual(t, first.LeaseID, fresh.LeaseID, "a released lease is not handed out again")
+	require.Equal(t, 2, e.live(t, "a"))
+
+	// A request that failed leaves its id free for the retry.
+	_, err := b.Allocate(t.Context(), withID("r3", time.Minute))
+	capacityError(t, err)
+	require.NoError(t, b.Release(t.Context(), other.LeaseRef))
+	retried := allocate(t, b, withID("r3", time.Minute))
+	require.Equal(t, 2, e.live(t, "a"))
+	require.Equal(t, retried.LeaseRef, allocate(t, b, withID("r3", time.Minute)).LeaseRef)
+}
+
+func TestReplayRevokedKey(t *testing.T) {
+	e := newEnv(t, key("a", "default", 1), key("b", "default", 1))
+	b := e.plain()
+	r := req("default")
+	r.RequestID = "r1"
+	first := allocate(t, b, r)
+
+	k := e.get(t, first.KeyID)
+	k.Status = optimistic.StatusDisabled
+	_, err := e.cat.Put(t.Context(), k) // the catalog only: Renew must see it there
+	require.NoError(t, err)
+
+	g := allocate(t, b, r)
+	require.NotEqual(t, first.KeyID, g.KeyID, "the replay finds its lease revoked and allocates afresh")
+	require.Zero(t, e.live(t, first.KeyID))
+	require.Equal(t, 1, e.live(t, g.KeyID))
+}
+
+func TestRequestInFlight(t *testing.T) {
+	e := newEnv(t, key("a", "default", 2))
+	b := broker.New(e.cat, e.store, &broker.Options{Requests: lostRecord{e.store.Requests()}, Logger: e.log})
+	r := req("default")
+	r.RequestID = "r1"
+
+	allocate(t, b, r) // granted; the record is lost, so r1 stays claimed
+	_, err := b.Allocate(t.Context(), r)
+	require.ErrorIs(t, err, optimistic.ErrRequestInFlight)
+	require.Equal(t, 1, e.live(t, "a"), "an in-flight id takes no slot")
+
+	r.RequestID = "r2"
+	allocate(t, b, r)
+	require.Equal(t, 2, e.live(t, "a"))
+}
+
+func TestReplayConcurrent(t *testing.T) {
+	e := newEnv(t, key("a", "default", 4))
+	b := e.plain()
+	r := req("default")
+	r.RequestID = "r1"
+
+	const callers = 8
+	type result struct {
+		g   broker.Grant
+		err error
+	}
+	results := make(chan result, callers)
+	var wg sync.WaitGroup
+	for range callers {
+		wg.Go(func() {
+			g, err := b.Allocate(t.Context(), r)
+			results <- result{g, err}
+		})
+	}
+	wg.Wait()
+	close(results)
+
+	leases := map[string]bool{}
+	for res := range results {
+		if res.err != nil {
+			if !errors.Is(res.err, optimistic.ErrContended) {
+				require.ErrorIs(t, res.err, optimistic.ErrRequestInFlight)
+			}
+			continue
+		}
+		leases[res.g.LeaseID] = true
+	}
+	require.LessOrEqual(t, len(leases), 1, "one id, one lease: %v", leases)
+	require.Equal(t, len(leases), e.live(t, "a"))
+}
+
+func TestRenew(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		change func(t *testing.T, e *env)
+		lost   bool
+	}{
+		{"unchanged", func(*testing.T, *env) {}, false},
+		{"disabled", status(optimistic.StatusDisabled, time.Time{}), true},
+		{"pending", status(optimistic.StatusPending, time.Time{}), true},
+		{"exhausted", status(optimistic.StatusExhausted, time.Time{}), true},
+		{"rate limited keeps its holder", status(optimistic.StatusRateLimited, time.Now().Add(time.Hour)), false},
+		{"cooldown keeps its holder", status(optimistic.StatusCooldown, time.Now().Add(time.Hour)), false},
+		{"deleted", func(t *testing.T, e *env) {
+			require.NoError(t, e.cat.Delete(t.Context(), "a"))
+		}, true},
+		{"moved to another pool", func(t *testing.T, e *env) {
+			k := e.get(t, "a")
+			k.Pool = "vip"
+			_, err := e.cat.Put(t.Context(), k)
+			require.NoError(t, err)
+		}, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e := newEnv(t, key("a", "default", 1))
+			b := e.plain()
+			g := allocate(t, b, req("default"))
+			c.change(t, e) // in the catalog only, the store is not told
+
+			until, err := b.Renew(t.Context(), g.LeaseRef, time.Hour)
+			if c.lost {
+				require.ErrorIs(t, err, optimistic.ErrLeaseLost)
+				require.Zero(t, e.live(t, "a"), "a revoked lease is released")
+				return
+			}
+			require.NoError(t, err)
+			require.True(t, until.After(g.Until), "until %v, was %v", until, g.Until)
+			require.Equal(t, 1, e.live(t, "a"))
+		})
+	}
+
+	t.Run("released lease", func(t *testing.T) {
+		e := newEnv(t, key("a", "default", 1))
+		b := e.plain()
+		g := allocate(t, b, req("default"))
+		require.NoError(t, b.Release(t.Context(), g.LeaseRef))
+		_, err := b.Renew(t.Context(), g.LeaseRef, time.Minute)
+		require.ErrorIs(t, err, optimistic.ErrLeaseLost)
+		require.ErrorIs(t, b.Release(t.Context(), g.LeaseRef), optimistic.ErrLeaseLost, "releasing twice")
+	})
+
+	t.Run("malformed ref", func(t *testing.T) {
+		e := newEnv(t, key("a", "default", 1))
+		_, err := e.plain().Renew(t.Context(), optimistic.LeaseRef{Provider: provider, Pool: "default", KeyID: "a"}, time.Minute)
+		require.ErrorIs(t, err, optimistic.ErrInvalid)
+	})
+}
+
+// status returns a change that sets key a's status and cooldown end in the
+// catalog.
+func status(s optimistic.Status, cooldownUntil time.Time) func(t *testing.T, e *env) {
+	return func(t *testing.T, e *env) {
+		t.Helper()
+		k := e.get(t, "a")
+		k.Status, k.CooldownUntil = s, cooldownUntil
+		_, err := e.cat.Put(t.Context(), k)
+		require.NoError(t, err)
+	}
+}
+
+func TestReport(t *testing.T) {
+	for _, c := range []struct {
+		name       string
+		outcome    catalog.Outcome
+		retryAfter time.Duration
+		// check sees the key in the catalog and the store after the report,
+		// and what the next allocate answered.
+		check func(t *testing.T, k catalog.Key, in optimistic.KeyInfo, next error)
+	}{
+		{"success", catalog.OutcomeSuccess, 0, func(t *testing.T, k catalog.Key, in optimistic.KeyInfo, next error) {
+			require.Equal(t, int64(1), k.Successes)
+			require.NoError(t, next)
+		}},
+		{"error", catalog.OutcomeError, 0, func(t *testing.T, k catalog.Key, in optimistic.KeyInfo, next error) {
+			require.Equal(t, int64(1), k.Errors)
+			require.Equal(t, optimistic.StatusAvailable, k.Status)
+			require.NoError(t, next)
+		}},
+		{"rate limited", catalog.OutcomeRateLimited, time.Hour, func(t *testing.T, k catalog.Key, in optimistic.KeyInfo, next error) {
+			require.Equal(t, int64(1), k.RateLimitHits)
+			require.Equal(t, optimistic.StatusRateLimited, k.Status)
+			require.Equal(t, optimistic.StatusRateLimited, in.Status, "the store is told")
+			require.Equal(t, k.CooldownUntil.UnixMilli(), in.CooldownUntil.UnixMilli())
+			require.Equal(t, k.CooldownUntil.UnixMilli(), capacityError(t, next).FreeAt.UnixMilli())
+		}},
+		{"auth error", catalog.OutcomeAuthError, 0, func(t *testing.T, k catalog.Key, in optimistic.KeyInfo, next error) {
+			require.Equal(t, int64(1), k.Errors)
+			require.Equal(t, optimistic.StatusDisabled, k.Status)
+			require.Equal(t, optimistic.StatusDisabled, in.Status, "the store is told")
+			require.ErrorIs(t, next, broker.ErrPolicy)
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e := newEnv(t, key("a", "default", 1))
+			b := e.plain()
+			g := allocate(t, b, req("default"))
+
+			require.NoError(t, b.Report(t.Context(), g.LeaseRef, c.outcome, c.retryAfter))
+			require.Zero(t, e.live(t, "a"), "a report releases the lease")
+			after := e.get(t, "a")
+
+			err := b.Report(t.Context(), g.LeaseRef, c.outcome, c.retryAfter)
+			require.ErrorIs(t, err, optimistic.ErrLeaseLost, "a second report of the same lease")
+			again := e.get(t, "a")
+			require.Equal(t, []int64{after.Successes, after.Errors, after.RateLimitHits},
+				[]int64{again.Successes, again.Errors, again.RateLimitHits}, "counted once")
+
+			_, next := b.Allocate(t.Context(), req("default"))
+			c.check(t, again, e.info(t, "a"), next)
+		})
+	}
+
+	t.Run("unknown outcome", func(t *testing.T) {
+		e := newEnv(t, key("a", "default", 1))
+		b := e.plain()
+		g := allocate(t, b, req("default"))
+		require.ErrorIs(t, b.Report(t.Context(), g.LeaseRef, "fine", 0), optimistic.ErrInvalid)
+		require.Equal(t, 1, e.live(t, "a"), "an invalid report leaves the lease held")
+	})
+
+	t.Run("key gone from the catalog", func(t *testing.T) {
+		e := newEnv(t, key("a", "default", 1))
+		b := e.plain()
+		g := allocate(t, b, req("default"))
+		require.NoError(t, e.cat.Delete(t.Context(), "a"))
+		require.NoError(t, b.Report(t.Context(), g.LeaseRef, catalog.OutcomeSuccess, 0))
+		require.Zero(t, e.live(t, "a"))
+	})
+}
+
+func TestRecoverCooldown(t *testing.T) {
+	k := key("a", "default", 1)
+	k.Status, k.CooldownUntil = optimistic.StatusRateLimited, time.Now().Add(-time.Minute)
+	e := newEnv(t, k)
+	g := allocate(t, e.plain(), req("default"))
+	require.Equal(t, "a", g.KeyID, "a passed cooldown does not keep the key out")
+	got := e.get(t, "a")
+	require.Equal(t, optimistic.StatusAvailable, got.Status, "recovered in the catalog")
+	require.True(t, got.CooldownUntil.IsZero())
+}
+
+func TestAdmin(t *testing.T) {
+	t.Run("put syncs the store", func(t *testing.T) {
+		e := newEnv(t)
+		_, err := e.admin.Put(t.Context(), key("a", "default", 3))
+		require.NoError(t, err)
+		in := e.info(t, "a")
+		require.True(t, in.Exists)
+		require.Equal(t, provider, in.Provider)
+		require.Equal(t, "default", in.Pool)
+		require.Equal(t, optimistic.StatusAvailable, in.Status)
+		require.Equal(t, 3, in.Limit)
+
+		k := key("a", "vip", 1)
+		k.Status = optimistic.StatusDisabled
+		_, err = e.admin.Put(t.Context(), k)
+		require.NoError(t, err)
+		in = e.info(t, "a")
+		require.Equal(t, "vip", in.Pool)
+		require.Equal(t, optimistic.StatusDisabled, in.Status)
+		require.Equal(t, 1, in.Limit)
+	})
+
+	t.Run("put rejects a bad key", func(t *testing.T) {
+		e := newEnv(t)
+		_, err := e.admin.Put(t.Context(), key("a", "default", 0))
+		require.ErrorIs(t, err, optimistic.ErrInvalid)
+		require.False(t, e.info(t, "a").Exists)
+	})
+
+	t.Run("delete removes from both", func(t *testing.T) {
+		e := newEnv(t, key("a", "default", 1), key("b", "default", 1))
+		b := e.plain()
+		g := allocate(t, b, req("default"))
+
+		require.NoError(t, e.admin.Delete(t.Context(), g.KeyID))
+		_, err := e.cat.Get(t.Context(), g.KeyID)
+		require.ErrorIs(t, err, catalog.ErrNotFound)
+		require.False(t, e.info(t, g.KeyID).Exists)
+		_, err = b.Renew(t.Context(), g.LeaseRef, time.Minute)
+		require.ErrorIs(t, err, optimistic.ErrLeaseLost, "its leases are lost")
+
+		require.ErrorIs(t, e.admin.Delete(t.Context(), g.KeyID), catalog.ErrNotFound)
+		require.ErrorIs(t, e.admin.Delete(t.Context(), "bad id"), optimistic.ErrInvalid)
+	})
+
+	t.Run("delete cleans the store of a key the catalog lost", func(t *testing.T) {
+		e := newEnv(t, key("a", "default", 1))
+		require.NoError(t, e.cat.Delete(t.Context(), "a"))
+		require.ErrorIs(t, e.admin.Delete(t.Context(), "a"), catalog.ErrNotFound)
+		require.False(t, e.info(t, "a").Exists)
+	})
+
+	t.Run("keys show live state, never secrets", func(t *testing.T) {
+		e := newEnv(t, key("a", "default", 2))
+		_, err := e.cat.Put(t.Context(), key("b", "default", 1)) // never synced
+		require.NoError(t, err)
+		allocate(t, e.plain(), req("default"))
+		allocate(t, e.plain(), req("default"))
+
+		views, err := e.admin.Keys(t.Context())
+		require.NoError(t, err)
+		require.Len(t, views, 2)
+		for _, v := range views {
+			require.Empty(t, v.Secret.Reveal(), "key %s", v.ID)
+		}
+		require.Equal(t, "a", views[0].ID)
+		require.True(t, views[0].InStore)
+		require.Equal(t, "b", views[1].ID)
+
+		v, err := e.admin.Key(t.Context(), "a")
+		require.NoError(t, err)
+		require.Empty(t, v.Secret.Reveal())
+		require.Equal(t, e.live(t, "a"), v.Live)
+		_, err = e.admin.Key(t.Context(), "missing")
+		require.ErrorIs(t, err, catalog.ErrNotFound)
+	})
+
+	t.Run("sync writes every catalog key", func(t *testing.T) {
+		e := newEnv(t)
+		for _, id := range []string{"a", "b"} {
+			_, err := e.cat.Put(t.Context(), key(id, "default", 1)) // never synced
+			require.NoError(t, err)
+		}
+		n, err := e.admin.Sync(t.Context())
+		require.NoError(t, err)
+		require.Equal(t, 2, n)
+		require.True(t, e.info(t, "a").Exists)
+		require.True(t, e.info(t, "b").Exists)
+	})
+
+	t.Run("clear leases", func(t *testing.T) {
+		e := newEnv(t, key("a", "default", 2))
+		b := e.plain()
+		g := allocate(t, b, req("default"))
+		allocate(t, b, req("default"))
+		n, err := e.admin.ClearLeases(t.Context(), "a")
+		require.NoError(t, err)
+		require.Equal(t, 2, n)
+		require.Zero(t, e.live(t, "a"))
+		_, err = b.Renew(t.Context(), g.LeaseRef, time.Minute)
+		require.ErrorIs(t, err, optimistic.ErrLeaseLost)
+	})
+
+	t.Run("ready", func(t *testing.T) {
+		e := newEnv(t)
+		require.NoError(t, e.admin.Ready(t.Context()))
+	})
+
+	t.Run("ready with the store's db closed", func(t *testing.T) {
+		e := newEnv(t)
+		db, err := sqlitex.Open(filepath.Join(t.TempDir(), "store.db"))
+		require.NoError(t, err)
+		store, err := sqlitestore.New(t.Context(), db, nil)
+		require.NoError(t, err)
+		require.NoError(t, db.Close())
+
+		err = broker.NewAdmin(e.cat, store).Ready(t.Context())
+		require.ErrorIs(t, err, optimistic.ErrStore)
+		require.NotErrorIs(t, err, broker.ErrCatalog)
+	})
+
+	t.Run("ready with the catalog's db closed", func(t *testing.T) {
+		e := newEnv(t)
+		db, err := sqlitex.Open(filepath.Join(t.TempDir(), "catalog.db"))
+		require.NoError(t, err)
+		cat, err := catalog.New(t.Context(), db)
+		require.NoError(t, err)
+		require.NoError(t, db.Close())
+
+		err = broker.NewAdmin(cat, e.store).Ready(t.Context())
+		require.ErrorIs(t, err, broker.ErrCatalog)
+	})
+}

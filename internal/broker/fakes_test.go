@@ -1,0 +1,238 @@
+package broker_test
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/credpool/credpool/internal/broker"
+	"github.com/credpool/credpool/internal/catalog"
+	"github.com/credpool/credpool/internal/sqlitestore"
+	"github.com/credpool/credpool/internal/sqlitex"
+	"github.com/credpool/credpool/optimistic"
+)
+
+// The wrappers satisfy what the broker asks of the real objects they wrap.
+var (
+	_ broker.Catalog        = (*flakyCatalog)(nil)
+	_ broker.AdminCatalog   = (*flakyCatalog)(nil)
+	_ broker.Catalog        = cancelingCatalog{}
+	_ optimistic.LeaseStore = (*hookStore)(nil)
+	_ broker.RequestLog     = lostRecord{}
+)
+
+// errInjected is the fault the wrappers answer with.
+var errInjected = errors.New("injected fault")
+
+const (
+	provider = "openai"
+	model    = "gpt-4o"
+)
+
+// env is a catalog and a lease store on one fresh SQLite file, and the
+// Admin that keeps them in step.
+type env struct {
+	cat   *catalog.SQL
+	store *sqlitestore.Store
+	admin *broker.Admin
+	log   *slog.Logger
+}
+
+// newEnv opens a fresh file in t.TempDir and puts keys through Admin.Put,
+// so the store is synced with the catalog.
+func newEnv(t *testing.T, keys ...catalog.Key) *env {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "credpool.db")
+	db, err := sqlitex.Open(path)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = db.Close() })
+	cat, err := catalog.New(t.Context(), db)
+	require.NoError(t, err)
+	store, err := sqlitestore.New(t.Context(), db, nil)
+	require.NoError(t, err)
+	e := &env{
+		cat: cat, store: store, admin: broker.NewAdmin(cat, store),
+		log: slog.New(slog.NewTextHandler(t.Output(), nil)),
+	}
+	for _, k := range keys {
+		_, err := e.admin.Put(t.Context(), k)
+		require.NoError(t, err)
+	}
+	return e
+}
+
+// broker returns a Broker over c and s with the default pool order and
+// the store's request log.
+func (e *env) broker(c broker.Catalog, s optimistic.LeaseStore) *broker.Broker {
+	return broker.New(c, s, &broker.Options{Requests: e.store.Requests(), Logger: e.log})
+}
+
+// plain returns a Broker over the env's own catalog and store.
+func (e *env) plain() *broker.Broker { return e.broker(e.cat, e.store) }
+
+// key is an available key of the test provider that serves the test model.
+func key(id, pool string, limit int) catalog.Key {
+	return catalog.Key{
+		ID: id, Provider: provider, Pool: pool, Models: []string{model},
+		Secret: catalog.Secret("sk-" + id), Status: optimistic.StatusAvailable, MaxConcurrentUses: limit,
+	}
+}
+
+// req is an allocate request for the test provider and model.
+func req(pool string) broker.Request {
+	return broker.Request{Provider: provider, Model: model, Pool: pool, TTL: time.Minute}
+}
+
+// info is the store's live view of one key.
+func (e *env) info(t *testing.T, id string) optimistic.KeyInfo {
+	t.Helper()
+	in, err := e.store.Inspect(t.Context(), id)
+	require.NoError(t, err)
+	return in[0]
+}
+
+// live counts the unexpired leases the store holds on a key.
+func (e *env) live(t *testing.T, id string) int {
+	t.Helper()
+	return e.info(t, id).Live
+}
+
+// get reads a key from the catalog.
+func (e *env) get(t *testing.T, id string) catalog.Key {
+	t.Helper()
+	k, err := e.cat.Get(t.Context(), id)
+	require.NoError(t, err)
+	return k
+}
+
+// allocate is one Allocate that must succeed.
+func allocate(t *testing.T, b *broker.Broker, r broker.Request) broker.Grant {
+	t.Helper()
+	g, err := b.Allocate(t.Context(), r)
+	require.NoError(t, err)
+	return g
+}
+
+// capacityError asserts err is a *optimistic.CapacityError and returns it.
+func capacityError(t *testing.T, err error) *optimistic.CapacityError {
+	t.Helper()
+	var full *optimistic.CapacityError
+	require.ErrorAs(t, err, &full)
+	require.ErrorIs(t, err, optimistic.ErrNoCapacity)
+	return full
+}
+
+// allocCall is one Allocate the broker made on a hookStore.
+type allocCall struct {
+	pool    string
+	granted string // key id, "" if none
+	err     error
+}
+
+// hookStore is the real lease store with Allocate wrapped: fault, if set,
+// may answer instead of the store (nil lets the store answer), and
+// granted, if set, runs after a real grant, before the broker sees it.
+// Every call is recorded.
+type hookStore struct {
+	*sqlitestore.Store
+	fault   func(req optimistic.AllocateRequest) error
+	granted func(l optimistic.Lease)
+
+	mu    sync.Mutex
+	calls []allocCall
+}
+
+func (s *hookStore) Allocate(ctx context.Context, req optimistic.AllocateRequest) (optimistic.Lease, optimistic.Stats, error) {
+	var (
+		l   optimistic.Lease
+		st  optimistic.Stats
+		err error
+	)
+	if s.fault != nil {
+		err = s.fault(req)
+	}
+	if err == nil {
+		l, st, err = s.Store.Allocate(ctx, req)
+		if err == nil && s.granted != nil {
+			s.granted(l)
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.calls = append(s.calls, allocCall{pool: req.Pool, granted: l.KeyID, err: err})
+	return l, st, err
+}
+
+// recorded returns the calls made so far.
+func (s *hookStore) recorded() []allocCall {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]allocCall(nil), s.calls...)
+}
+
+// flakyCatalog is the real catalog with faults: the failGet-th Get
+// (1-based, 0 never) answers getErr, List answers listErr if set, and
+// MarkUsed runs markUsed first, if set, and answers its error if any.
+type flakyCatalog struct {
+	*catalog.SQL
+	failGet  int
+	getErr   error
+	listErr  error
+	markUsed func(id string) error
+
+	mu   sync.Mutex
+	gets int
+}
+
+func (c *flakyCatalog) Get(ctx context.Context, id string) (catalog.Key, error) {
+	c.mu.Lock()
+	c.gets++
+	n := c.gets
+	c.mu.Unlock()
+	if n == c.failGet {
+		return catalog.Key{}, c.getErr
+	}
+	return c.SQL.Get(ctx, id)
+}
+
+func (c *flakyCatalog) List(ctx context.Context, provider, pool string) ([]catalog.Key, error) {
+	if c.listErr != nil {
+		return nil, c.listErr
+	}
+	return c.SQL.List(ctx, provider, pool)
+}
+
+func (c *flakyCatalog) MarkUsed(ctx context.Context, id string, at time.Time) error {
+	if c.markUsed != nil {
+		if err := c.markUsed(id); err != nil {
+			return err
+		}
+	}
+	return c.SQL.MarkUsed(ctx, id, at)
+}
+
+// cancelingCatalog ends the request's context on the first Get, as a
+// caller hanging up mid-request does, then reads the real catalog with it.
+type cancelingCatalog struct {
+	*catalog.SQL
+	cancel context.CancelFunc
+}
+
+func (c cancelingCatalog) Get(ctx context.Context, id string) (catalog.Key, error) {
+	c.cancel()
+	return c.SQL.Get(ctx, id)
+}
+
+// lostRecord is the real request log whose Record fails, as if the
+// broker's write after a grant never landed: the id stays claimed.
+type lostRecord struct{ *sqlitestore.Requests }
+
+func (lostRecord) Record(context.Context, string, optimistic.Lease) error {
+	return errInjected
+}
