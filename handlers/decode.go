@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/gin-gonic/gin"
 )
@@ -16,7 +17,8 @@ const maxBody = 64 << 10
 
 // decode reads one JSON object into dst, rejecting unknown fields, bodies
 // over maxBody and trailing data. On failure it has written the 400 or 413
-// and returns false.
+// and returns false; the message names a field or type, never a value the
+// request carried (a secret pasted into the wrong field must not come back).
 func decode(c *gin.Context, dst any) bool {
 	dec := json.NewDecoder(http.MaxBytesReader(c.Writer, c.Request.Body, maxBody))
 	dec.DisallowUnknownFields()
@@ -31,6 +33,7 @@ func decode(c *gin.Context, dst any) bool {
 		tooBig    *http.MaxBytesError
 		syntax    *json.SyntaxError
 		wrongType *json.UnmarshalTypeError
+		badTime   *time.ParseError
 	)
 	switch {
 	case errors.As(err, &tooBig):
@@ -40,10 +43,13 @@ func decode(c *gin.Context, dst any) bool {
 	case strings.HasPrefix(err.Error(), "json: unknown field "):
 		field := strings.Trim(strings.TrimPrefix(err.Error(), "json: unknown field "), `"`)
 		fail(c, http.StatusBadRequest, "invalid_request", "unknown field "+field, field)
+	case errors.As(err, &badTime):
+		fail(c, http.StatusBadRequest, "invalid_request", "a time field: want RFC 3339, e.g. 2026-11-30T12:00:00Z", "")
 	case errors.As(err, &syntax), errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
 		fail(c, http.StatusBadRequest, "invalid_request", "body is not valid JSON", "")
 	default:
-		fail(c, http.StatusBadRequest, "invalid_request", err.Error(), "")
+		// Never the decoder's own words: they can quote the value.
+		fail(c, http.StatusBadRequest, "invalid_request", "body does not match the expected fields and types", "")
 	}
 	return false
 }

@@ -68,19 +68,31 @@ func fail(c *gin.Context, status int, code, message, field string) {
 	c.JSON(status, errorBody{Error: errorDetail{Code: code, Message: message, Field: field}})
 }
 
+// serverFault are the messages of answers that blame the server. The
+// error behind one is logged, never sent: it can name an address, a file
+// or a driver's view of the request.
+var serverFault = map[string]string{
+	"store_unavailable":   "the lease store is unavailable; retry later",
+	"catalog_unavailable": "the key catalog is unavailable; retry later",
+	"timeout":             "the request ran out of time; retry",
+	"internal":            "internal error",
+}
+
 // failErr writes err as its mapped status. A 429 carries Retry-After when
 // the wait is known: the seconds until the earliest lease expiry or
-// cooldown end, or 1 after contention. Internal errors are not echoed.
+// cooldown end, or 1 after contention. Server faults answer a fixed
+// message and leave the error for the request log.
 func failErr(c *gin.Context, err error) {
 	status, code := statusFor(err)
 	msg := err.Error()
-	switch status {
-	case http.StatusTooManyRequests:
+	if fixed, ok := serverFault[code]; ok {
+		c.Set(logError, msg)
+		msg = fixed
+	}
+	if status == http.StatusTooManyRequests {
 		if s, ok := retryAfter(err, time.Now()); ok {
 			c.Header("Retry-After", strconv.Itoa(s))
 		}
-	case http.StatusInternalServerError:
-		msg = "internal error"
 	}
 	fail(c, status, code, msg, "")
 }

@@ -27,10 +27,12 @@ func requireKey(header, want string) gin.HandlerFunc {
 	}
 }
 
-// Context keys under which handlers leave ids for the request log.
+// Context keys under which handlers leave ids, and the error behind a
+// server fault, for the request log.
 const (
 	logKeyID   = "key_id"
 	logLeaseID = "lease_id"
+	logError   = "error"
 )
 
 // requestLog writes one line per request: method, path, status, duration,
@@ -47,7 +49,7 @@ func requestLog(log *slog.Logger) gin.HandlerFunc {
 		if c.FullPath() == "" {
 			attrs[3] = c.Request.URL.Path
 		}
-		for _, k := range []string{logKeyID, logLeaseID} {
+		for _, k := range []string{logKeyID, logLeaseID, logError} {
 			if v := c.GetString(k); v != "" {
 				attrs = append(attrs, k, v)
 			}

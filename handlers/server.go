@@ -6,6 +6,7 @@ package handlers
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"time"
@@ -37,13 +38,17 @@ type Admin interface {
 	Ready(ctx context.Context) error
 }
 
+// MinKeyLen is the shortest internal or admin key New accepts.
+const MinKeyLen = 16
+
 // Config wires the API. Service, Admin, Metrics and the two keys are
 // required; the rest have defaults.
 type Config struct {
 	Service Service
 	Admin   Admin
 	// InternalKey guards /api/internal (header X-Internal-Key), AdminKey
-	// guards /api/admin (X-Admin-Key). They must differ.
+	// guards /api/admin (X-Admin-Key). They must differ and be at least
+	// MinKeyLen characters: a short key is guessed.
 	InternalKey string
 	AdminKey    string
 	// Store names the active lease store in /readyz ("redis", "sqlite").
@@ -66,8 +71,8 @@ func New(cfg Config) (http.Handler, error) {
 	switch {
 	case cfg.Service == nil || cfg.Admin == nil || cfg.Metrics == nil:
 		return nil, errors.New("handlers: Service, Admin and Metrics are required")
-	case cfg.InternalKey == "" || cfg.AdminKey == "":
-		return nil, errors.New("handlers: internal and admin keys are required")
+	case len(cfg.InternalKey) < MinKeyLen || len(cfg.AdminKey) < MinKeyLen:
+		return nil, fmt.Errorf("handlers: internal and admin keys are required, at least %d characters each", MinKeyLen)
 	case cfg.InternalKey == cfg.AdminKey:
 		return nil, errors.New("handlers: internal and admin keys must differ")
 	}

@@ -31,7 +31,7 @@ import (
 
 const (
 	internalKey = "internal-test-key"
-	adminKey    = "admin-test-key"
+	adminKey    = "admin-test-key-0123"
 )
 
 // service is credpool over real HTTP on loopback, a real catalog file and
@@ -380,10 +380,33 @@ func TestHTTPStoreDownIs503(t *testing.T) {
 	code, _, out := s.internal(t, "allocate-key", allocBody("default"))
 	require.Equal(t, http.StatusServiceUnavailable, code)
 	require.Equal(t, "store_unavailable", errCode(out))
+	_, port, _ := strings.Cut(s.redis.Addr, ":")
+	require.NotContains(t, fmt.Sprint(out), port, "a 503 body names no address")
+	require.Contains(t, s.logs.String(), "store_unavailable", "the log keeps the cause")
 	code, _, out = s.call(t, http.MethodGet, "/readyz", "", "", nil)
 	require.Equal(t, http.StatusServiceUnavailable, code)
 	require.Equal(t, "redis", out["store"])
 	require.Equal(t, "store_unavailable", out["error"], "readyz names the failing part, not its address")
+}
+
+// An error answer names the field at fault, never the value sent: a secret
+// pasted into the wrong field must not come back.
+func TestHTTPErrorsEchoNoValues(t *testing.T) {
+	s := startService(t, serviceOptions{sqlite: true})
+	const pasted = "sk-live-pasted-into-the-wrong-field"
+	for _, body := range []map[string]any{
+		{"provider": "openai", "pool": "default", "models": []string{"m"}, "secret": "s", "cooldown_until": pasted},
+		{"provider": "openai", "pool": "default", "models": []string{"m"}, "secret": "s", "max_concurrent_uses": pasted},
+		{"provider": "openai", "pool": "default", "models": []string{"m"}, "secret": "s", "status": pasted},
+	} {
+		code, out := s.admin(t, http.MethodPut, "keys/k", body)
+		require.Equal(t, http.StatusBadRequest, code, "%v", out)
+		require.NotContains(t, fmt.Sprint(out), pasted)
+	}
+	code, _, out := s.internal(t, "allocate-key", map[string]any{"provider": "openai", "model": "m", "lease_seconds": pasted})
+	require.Equal(t, http.StatusBadRequest, code)
+	require.NotContains(t, fmt.Sprint(out), pasted)
+	require.NotContains(t, s.logs.String(), pasted)
 }
 
 func TestHTTPContendedIs429(t *testing.T) {

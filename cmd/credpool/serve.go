@@ -39,6 +39,8 @@ type serveConfig struct {
 	fallback     string
 	dev          bool
 	demo         bool
+	readTimeout  time.Duration
+	idleTimeout  time.Duration
 }
 
 // envOr returns the environment variable name, or def when it is unset.
@@ -62,8 +64,20 @@ func parseServe(args []string) (serveConfig, error) {
 	fs.StringVar(&c.fallback, "pool-fallback", envOr("CREDPOOL_POOL_FALLBACK", "vip=default"), "one-way pool borrowing, e.g. vip=default;gold=silver+default (env CREDPOOL_POOL_FALLBACK)")
 	fs.BoolVar(&c.dev, "dev", false, "development mode: generate missing internal/admin keys and print them once")
 	fs.BoolVar(&c.demo, "demo", false, "seed a small demo pool into an empty catalog (fake secrets)")
+	fs.DurationVar(&c.readTimeout, "read-timeout", 10*time.Second, "longest a client may take to send a whole request, body included (env CREDPOOL_READ_TIMEOUT)")
+	fs.DurationVar(&c.idleTimeout, "idle-timeout", 60*time.Second, "longest an idle keep-alive connection stays open (env CREDPOOL_IDLE_TIMEOUT)")
+	for flagName, env := range map[string]string{"read-timeout": "CREDPOOL_READ_TIMEOUT", "idle-timeout": "CREDPOOL_IDLE_TIMEOUT"} {
+		if v, ok := os.LookupEnv(env); ok {
+			if err := fs.Set(flagName, v); err != nil {
+				return c, fmt.Errorf("serve: %s: %w", env, err)
+			}
+		}
+	}
 	if err := fs.Parse(args); err != nil {
 		return c, err
+	}
+	if c.readTimeout <= 0 || c.idleTimeout <= 0 {
+		return c, errors.New("serve: --read-timeout and --idle-timeout must be positive")
 	}
 	if fs.NArg() > 0 {
 		return c, fmt.Errorf("serve: unexpected argument %q", fs.Arg(0))
@@ -123,13 +137,14 @@ func serve(args []string) error {
 	log.Info("catalog synced into the lease store", "keys", n)
 
 	h, err := handlers.New(handlers.Config{
-		Service:     broker.New(cat, store, &broker.Options{Weights: &weights, Pools: pools, Requests: st.requests, Logger: log}),
-		Admin:       admin,
-		InternalKey: cfg.internalKey,
-		AdminKey:    cfg.adminKey,
-		Store:       storeName,
-		Metrics:     handlers.NewMetrics(),
-		Logger:      log,
+		Service:        broker.New(cat, store, &broker.Options{Weights: &weights, Pools: pools, Requests: st.requests, Logger: log}),
+		Admin:          admin,
+		InternalKey:    cfg.internalKey,
+		AdminKey:       cfg.adminKey,
+		Store:          storeName,
+		Metrics:        handlers.NewMetrics(),
+		RequestTimeout: requestTimeout,
+		Logger:         log,
 	})
 	if err != nil {
 		return err
@@ -138,7 +153,7 @@ func serve(args []string) error {
 	if err != nil {
 		return err
 	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	srv := httpServer(h, cfg)
 	log.Info("credpool serving", "addr", ln.Addr().String(), "lease_store", storeName, "catalog", cfg.db)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
@@ -151,6 +166,23 @@ func serve(args []string) error {
 	shutdown, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
 	return srv.Shutdown(shutdown)
+}
+
+// requestTimeout bounds one request's work in the handlers (their default).
+const requestTimeout = 10 * time.Second
+
+// httpServer bounds what a client can hold: the whole request must arrive
+// within the read timeout (a slow body is cut off), the answer is written
+// within the request's own deadline plus a margin, and an idle keep-alive
+// connection is closed after the idle timeout.
+func httpServer(h http.Handler, cfg serveConfig) *http.Server {
+	return &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: min(cfg.readTimeout, 5*time.Second),
+		ReadTimeout:       cfg.readTimeout,
+		WriteTimeout:      cfg.readTimeout + requestTimeout + 5*time.Second,
+		IdleTimeout:       cfg.idleTimeout,
+	}
 }
 
 // redisPoolTimeout bounds the wait for a pooled connection: every WATCH
@@ -214,6 +246,9 @@ func ensureKeys(cfg *serveConfig) error {
 		val  *string
 	}{{"internal", &cfg.internalKey}, {"admin", &cfg.adminKey}} {
 		if *k.val != "" {
+			if len(*k.val) < handlers.MinKeyLen {
+				return fmt.Errorf("the %s key is shorter than %d characters: use a long random one (e.g. openssl rand -hex 24)", k.name, handlers.MinKeyLen)
+			}
 			continue
 		}
 		if !cfg.dev {

@@ -4,7 +4,10 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -57,9 +60,17 @@ func TestServeRefusesWithoutKeys(t *testing.T) {
 	t.Setenv("CREDPOOL_ADMIN_KEY", "")
 	err := serve([]string{"--db", filepath.Join(t.TempDir(), "x.db")})
 	require.ErrorContains(t, err, "no internal key")
-	err = serve([]string{"--db", filepath.Join(t.TempDir(), "x.db"), "--internal-key", "same", "--admin-key", "same"})
+	err = serve([]string{"--db", filepath.Join(t.TempDir(), "x.db"), "--internal-key", internalK, "--admin-key", internalK})
 	require.ErrorContains(t, err, "must differ")
+	err = serve([]string{"--db", filepath.Join(t.TempDir(), "x.db"), "--internal-key", "short", "--admin-key", adminK})
+	require.ErrorContains(t, err, "shorter than 16")
 }
+
+// Keys of the serve processes under test: long enough to be accepted.
+const (
+	internalK = "internal-key-0123456789"
+	adminK    = "admin-key-0123456789"
+)
 
 // serveProcess is "credpool serve" running as a child process.
 type serveProcess struct {
@@ -151,10 +162,10 @@ func TestServeDemo(t *testing.T) {
 // one holder.
 func TestTwoServersShareOneSQLiteFile(t *testing.T) {
 	db := filepath.Join(t.TempDir(), "shared.db")
-	env := []string{"CREDPOOL_INTERNAL_KEY=internal-k", "CREDPOOL_ADMIN_KEY=admin-k"}
+	env := []string{"CREDPOOL_INTERNAL_KEY=" + internalK, "CREDPOOL_ADMIN_KEY=" + adminK}
 	a := startServe(t, env, "--db", db)
 	b := startServe(t, env, "--db", db)
-	code, out := a.post(t, http.MethodPut, "/api/admin/keys/solo-1", "X-Admin-Key", "admin-k",
+	code, out := a.post(t, http.MethodPut, "/api/admin/keys/solo-1", "X-Admin-Key", adminK,
 		`{"provider":"solo","pool":"default","models":["m"],"secret":"s3cret","max_concurrent_uses":1}`)
 	require.Equal(t, http.StatusOK, code, "%v", out)
 
@@ -168,7 +179,7 @@ func TestTwoServersShareOneSQLiteFile(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			req, _ := http.NewRequest(http.MethodPost, "http://"+srv.addr+"/api/internal/allocate-key", bytes.NewBufferString(body))
-			req.Header.Set("X-Internal-Key", "internal-k")
+			req.Header.Set("X-Internal-Key", internalK)
 			resp, err := http.DefaultClient.Do(req)
 			if err != nil {
 				codes <- -1
@@ -195,9 +206,56 @@ func TestTwoServersShareOneSQLiteFile(t *testing.T) {
 	// Released through one server, the slot is free through the other.
 	g := <-grants
 	rel, _ := json.Marshal(map[string]any{"provider": "solo", "pool": "default", "key_id": g["key_id"], "lease_id": g["lease_id"]})
-	code, out = b.post(t, http.MethodPost, "/api/internal/release", "X-Internal-Key", "internal-k", string(rel))
+	code, out = b.post(t, http.MethodPost, "/api/internal/release", "X-Internal-Key", internalK, string(rel))
 	require.Equal(t, http.StatusOK, code)
 	require.Equal(t, true, out["released"])
 	code, _ = a.allocate(t, body)
 	require.Equal(t, http.StatusOK, code)
+}
+
+// closedWithin reads from conn until the server closes it and says whether
+// that happened before limit. Whatever the server answers first is read
+// and ignored.
+func closedWithin(t *testing.T, conn net.Conn, limit time.Duration) bool {
+	t.Helper()
+	require.NoError(t, conn.SetReadDeadline(time.Now().Add(limit)))
+	_, err := io.Copy(io.Discard, conn)
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return false
+	}
+	return true
+}
+
+// A client cannot hold a connection by sending its body slowly or by
+// keeping an idle keep-alive open: the server closes both.
+func TestServeCutsSlowAndIdleClients(t *testing.T) {
+	env := []string{"CREDPOOL_INTERNAL_KEY=" + internalK, "CREDPOOL_ADMIN_KEY=" + adminK}
+	p := startServe(t, env, "--db", filepath.Join(t.TempDir(), "x.db"), "--read-timeout", "1s", "--idle-timeout", "1s")
+
+	slow, err := net.Dial("tcp", p.addr)
+	require.NoError(t, err)
+	defer slow.Close()
+	_, err = fmt.Fprintf(slow, "POST /api/internal/allocate-key HTTP/1.1\r\nHost: x\r\nX-Internal-Key: %s\r\nContent-Length: 100\r\n\r\n{", internalK)
+	require.NoError(t, err)
+	require.True(t, closedWithin(t, slow, 20*time.Second), "a body that never ends holds the connection")
+
+	idle, err := net.Dial("tcp", p.addr)
+	require.NoError(t, err)
+	defer idle.Close()
+	_, err = fmt.Fprint(idle, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+	require.NoError(t, err)
+	resp, err := http.ReadResponse(bufio.NewReader(idle), nil)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.NoError(t, resp.Body.Close())
+	require.True(t, closedWithin(t, idle, 20*time.Second), "an idle keep-alive stays open")
+}
+
+func TestServeRejectsBadTimeouts(t *testing.T) {
+	_, err := parseServe([]string{"--read-timeout", "0s"})
+	require.ErrorContains(t, err, "must be positive")
+	t.Setenv("CREDPOOL_IDLE_TIMEOUT", "soon")
+	_, err = parseServe(nil)
+	require.ErrorContains(t, err, "CREDPOOL_IDLE_TIMEOUT")
 }

@@ -8,7 +8,9 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"os"
 	"strings"
+	"time"
 
 	"modernc.org/sqlite"
 	sqlite3 "modernc.org/sqlite/lib"
@@ -20,18 +22,33 @@ import (
 // before a statement fails busy and the caller's retry policy takes over.
 const BusyTimeoutMillis = 1000
 
+// MaxConns bounds the connections (and so the file descriptors) one Open
+// keeps. SQLite has one writer at a time anyway, and WAL readers are
+// cheap; a burst of callers queues for a connection, bounded by its ctx,
+// instead of opening one each.
+const MaxConns = 16
+
 // Open opens the SQLite file at path, creating it if needed, with what the
 // catalog and the lease store rely on: WAL mode (readers never wait for the
 // writer), a busy timeout, foreign keys, and transactions that begin
 // IMMEDIATE, so a write transaction takes the write lock up front instead
 // of failing busy when it upgrades from a read. synchronous stays FULL,
 // SQLite's default: a grant is on disk before Allocate returns it, so no
-// fencing token is handed out twice, even across a power loss. The caller
-// closes the returned db.
+// fencing token is handed out twice, even across a power loss. A new file
+// is created readable by its owner only (0600; SQLite gives its -wal and
+// -shm files the same mode): it holds the credentials. At most MaxConns
+// connections stay open. The caller closes the returned db.
 func Open(path string) (*sql.DB, error) {
 	// The driver splits its parameters off at the first '?'.
 	if strings.Contains(path, "?") {
 		return nil, fmt.Errorf("sqlite: path %q must not contain '?'", path)
+	}
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("sqlite: open %s: %w", path, err)
+	}
+	if err := f.Close(); err != nil {
+		return nil, fmt.Errorf("sqlite: open %s: %w", path, err)
 	}
 	q := url.Values{
 		"_txlock": {"immediate"},
@@ -41,6 +58,9 @@ func Open(path string) (*sql.DB, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sqlite: open %s: %w", path, err)
 	}
+	db.SetMaxOpenConns(MaxConns)
+	db.SetMaxIdleConns(MaxConns)
+	db.SetConnMaxIdleTime(time.Minute)
 	// sql.Open connects lazily; fail here on a bad path or file.
 	if err := db.Ping(); err != nil {
 		_ = db.Close()

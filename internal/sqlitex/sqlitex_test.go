@@ -3,6 +3,7 @@ package sqlitex_test
 import (
 	"context"
 	"database/sql"
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -158,4 +159,45 @@ func TestBusyIsConflict(t *testing.T) {
 func TestOpenRejectsQueryInPath(t *testing.T) {
 	_, err := sqlitex.Open(filepath.Join(t.TempDir(), "x.db?mode=ro"))
 	require.ErrorContains(t, err, "must not contain '?'")
+}
+
+// The file holds credentials: only its owner may read it, and its WAL too.
+func TestOpenCreatesPrivateFiles(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "x.db")
+	db := open(t, path)
+	require.NoError(t, sqlitex.Migrate(t.Context(), db, v1, retry.Policy{}))
+	for _, p := range []string{path, path + "-wal"} {
+		fi, err := os.Stat(p)
+		require.NoError(t, err)
+		require.Equal(t, os.FileMode(0o600), fi.Mode().Perm(), p)
+	}
+}
+
+// A burst of callers queues for connections instead of opening one each.
+func TestOpenBoundsConnections(t *testing.T) {
+	db := open(t, filepath.Join(t.TempDir(), "x.db"))
+	require.NoError(t, sqlitex.Migrate(t.Context(), db, v1, retry.Policy{}))
+	const callers = 200
+	start := make(chan struct{})
+	errs := make(chan error, callers)
+	for range callers {
+		go func() {
+			<-start
+			rows, err := db.QueryContext(t.Context(), `SELECT id FROM demo`)
+			if err == nil {
+				// Hold the connection a moment, as a slow reader would.
+				time.Sleep(time.Millisecond)
+				err = rows.Close()
+			}
+			errs <- err
+		}()
+	}
+	close(start)
+	for range callers {
+		require.NoError(t, <-errs)
+	}
+	st := db.Stats()
+	require.Equal(t, sqlitex.MaxConns, st.MaxOpenConnections)
+	require.Positive(t, st.WaitCount, "the burst queued for connections")
+	require.LessOrEqual(t, st.OpenConnections, sqlitex.MaxConns)
 }
