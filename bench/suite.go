@@ -2,6 +2,7 @@ package bench
 
 import (
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/credpool/credpool/bench/workload"
@@ -18,8 +19,8 @@ type Cell struct {
 	Procs int
 }
 
-// Scenarios are the presets a Grid names; a Grid sets the rest of the spec.
-var Scenarios = map[string]workload.Spec{
+// scenarios are the presets a Grid names; a Grid sets the rest of the spec.
+var scenarios = map[string]workload.Spec{
 	// Many keys, every caller its own four candidates: little contention.
 	"uniform": {Keys: 1000, Candidates: 4, Choice: workload.Uniform, Order: workload.Ranked},
 	// YCSB's skew: key 0 draws about an eighth of all picks.
@@ -30,8 +31,8 @@ var Scenarios = map[string]workload.Spec{
 	"identical": {Keys: 8, Candidates: 8, Choice: workload.Uniform, Order: workload.Identical},
 }
 
-// ScenarioNames lists the presets in report order.
-var ScenarioNames = []string{"uniform", "zipf", "hot", "identical"}
+// scenarioNames lists the presets in report order.
+var scenarioNames = []string{"uniform", "zipf", "hot", "identical"}
 
 // Grid is a cross product of cells: every scenario with every workers,
 // limit, procs and rate value. Cells with fewer workers than processes are
@@ -61,7 +62,7 @@ type Grid struct {
 // per strategy.
 func Standard() Grid {
 	return Grid{
-		Scenarios: ScenarioNames,
+		Scenarios: slices.Clone(scenarioNames),
 		Workers:   []int{1, 8, 64},
 		Limits:    []int{1, 5},
 		Procs:     []int{1, 2},
@@ -78,9 +79,9 @@ func Standard() Grid {
 func (g Grid) Cells() ([]Cell, error) {
 	var cells []Cell
 	for _, name := range g.Scenarios {
-		preset, ok := Scenarios[name]
+		preset, ok := scenarios[name]
 		if !ok {
-			return nil, fmt.Errorf("bench: unknown scenario %q (have %v)", name, ScenarioNames)
+			return nil, fmt.Errorf("bench: unknown scenario %q (have %v)", name, scenarioNames)
 		}
 		for _, rate := range g.Rates {
 			for _, limit := range g.Limits {

@@ -74,6 +74,10 @@ func (s *unsafeStore) Release(ctx context.Context, ref optimistic.LeaseRef) erro
 	return nil
 }
 
+func (s *unsafeStore) Holds(context.Context, optimistic.LeaseRef) (time.Time, error) {
+	return time.Time{}, errors.New("unsafe store: holds is not implemented")
+}
+
 func (s *unsafeStore) Renew(context.Context, optimistic.LeaseRef, time.Duration) (time.Time, error) {
 	return time.Time{}, errors.New("unsafe store: renew is not implemented")
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/credpool/credpool/internal/broker"
 	"github.com/credpool/credpool/optimistic"
 )
 
@@ -37,7 +38,7 @@ func NewMetrics() *Metrics {
 		}, []string{"result"}),
 		conflicts: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "credpool_allocate_conflicts_total",
-			Help: "Allocation attempts that lost a race and were retried: an aborted EXEC (Redis WATCH) or a busy file (SQLite).",
+			Help: "Allocation attempts that lost a race and wrote nothing: an aborted EXEC (Redis WATCH) or a busy file (SQLite); most are retried.",
 		}),
 		attempts: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "credpool_allocate_attempts",
@@ -71,6 +72,28 @@ func NewMetrics() *Metrics {
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
 	return m
+}
+
+// watchBacklog exports the broker's release backlog, read at each scrape.
+func (m *Metrics) watchBacklog(backlog func() broker.Backlog) {
+	m.reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "credpool_release_backlog",
+			Help: "Releases that met a store failure and are retried in the background.",
+		}, func() float64 { return float64(backlog().Pending) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "credpool_release_backlog_released_total",
+			Help: "Releases from the backlog that the store finally made.",
+		}, func() float64 { return float64(backlog().Released) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "credpool_release_backlog_lost_total",
+			Help: "Releases from the backlog whose lease was already gone (expired).",
+		}, func() float64 { return float64(backlog().Lost) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "credpool_release_backlog_dropped_total",
+			Help: "Failed releases not kept because the backlog was full: their leases expire by themselves.",
+		}, func() float64 { return float64(backlog().Dropped) }),
+	)
 }
 
 // Handler serves the metrics in the Prometheus text format.

@@ -26,6 +26,10 @@ type Service interface {
 	Report(ctx context.Context, ref optimistic.LeaseRef, o catalog.Outcome, retryAfter time.Duration) error
 }
 
+// backlogger is a Service that retries failed releases in the background;
+// the metrics then report its backlog.
+type backlogger interface{ Backlog() broker.Backlog }
+
 // Admin is what the admin API and /readyz need.
 type Admin interface {
 	Put(ctx context.Context, k catalog.Key) (catalog.Key, error)
@@ -81,6 +85,9 @@ func New(cfg Config) (http.Handler, error) {
 	}
 	if cfg.RequestTimeout <= 0 {
 		cfg.RequestTimeout = 10 * time.Second
+	}
+	if b, ok := cfg.Service.(backlogger); ok {
+		cfg.Metrics.watchBacklog(b.Backlog)
 	}
 	gin.SetMode(gin.ReleaseMode)
 	r := gin.New()

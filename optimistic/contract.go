@@ -17,6 +17,9 @@ type LeaseStore interface {
 	// Release deletes the lease if all four ids match; otherwise it returns
 	// an error wrapping ErrLeaseLost and touches nothing.
 	Release(ctx context.Context, ref LeaseRef) error
+	// Holds returns the lease's expiry if ref holds a live lease, else what
+	// Release would say; it writes nothing.
+	Holds(ctx context.Context, ref LeaseRef) (time.Time, error)
 	// Renew extends a live lease to now+ttl and returns the new expiry.
 	Renew(ctx context.Context, ref LeaseRef, ttl time.Duration) (time.Time, error)
 	// SyncKey upserts a key's allocation state and pool membership.
@@ -93,9 +96,10 @@ type Stats struct {
 	// Attempts is the number of read-decide rounds over all candidates
 	// (for SQLite: transactions, each covering every candidate).
 	Attempts int
-	// Conflicts is the number of rounds whose commit was aborted because
-	// another allocator changed the candidate first (for SQLite: rounds
-	// retried because the file was busy).
+	// Conflicts is the number of rounds that lost a race and wrote
+	// nothing: an EXEC aborted because another allocator changed the
+	// candidate first (for SQLite: a transaction that found the file busy).
+	// Most are retried; one that ends the retry budget counts too.
 	Conflicts int
 	// Pruned counts expired leases this call removed: leases whose holders
 	// never released them.

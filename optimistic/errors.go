@@ -59,6 +59,7 @@ type CapacityError struct {
 	FreeAt time.Time
 }
 
+// Error says no slot was free, and when one may free up if known.
 func (e *CapacityError) Error() string {
 	if e.FreeAt.IsZero() {
 		return ErrNoCapacity.Error()
@@ -66,6 +67,7 @@ func (e *CapacityError) Error() string {
 	return fmt.Sprintf("%s (earliest free at %s)", ErrNoCapacity, e.FreeAt.UTC().Format(time.RFC3339Nano))
 }
 
+// Unwrap makes errors.Is(err, ErrNoCapacity) hold.
 func (e *CapacityError) Unwrap() error { return ErrNoCapacity }
 
 // Classify turns what a store operation returned into the contract's

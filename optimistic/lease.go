@@ -36,8 +36,31 @@ func (s *Store) Release(ctx context.Context, ref LeaseRef) error {
 	return Classify(ctx, "release", err)
 }
 
-func (s *Store) release(ctx context.Context, rdb redis.UniversalClient, ref LeaseRef) error {
-	leasesKey, recordKey := s.keys.Leases(ref.KeyID), s.keys.Lease(ref.KeyID, ref.LeaseID)
+// Holds returns the lease's expiry if ref holds a live lease, else
+// ErrLeaseLost or ErrLeaseMismatch as Release would. It reads only, in one
+// round trip: a caller can prove it still holds a lease (before recording
+// what it did with it, say) without giving it up.
+func (s *Store) Holds(ctx context.Context, ref LeaseRef) (time.Time, error) {
+	if err := ref.Validate(); err != nil {
+		return time.Time{}, err
+	}
+	rdb, err := s.owner(ctx, s.keys.Leases(ref.KeyID))
+	if err != nil {
+		return time.Time{}, Classify(ctx, "holds", err)
+	}
+	until, err := s.holder(ctx, rdb, ref)
+	if isRedirect(err) {
+		until, err = s.holder(ctx, s.rdb, ref)
+	}
+	if err != nil {
+		return time.Time{}, Classify(ctx, "holds", err)
+	}
+	return fromMillis(until), nil
+}
+
+// holder reads whether ref holds a live lease, by the clock of the node
+// that owns it, and returns its expiry (ms).
+func (s *Store) holder(ctx context.Context, rdb redis.UniversalClient, ref LeaseRef) (int64, error) {
 	var (
 		clock  *redis.TimeCmd
 		record *redis.SliceCmd
@@ -45,20 +68,28 @@ func (s *Store) release(ctx context.Context, rdb redis.UniversalClient, ref Leas
 	)
 	_, err := rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		clock = p.Time(ctx)
-		record = p.HMGet(ctx, recordKey, recordFields...)
-		score = p.ZScore(ctx, leasesKey, ref.LeaseID)
+		record = p.HMGet(ctx, s.keys.Lease(ref.KeyID, ref.LeaseID), recordFields...)
+		score = p.ZScore(ctx, s.keys.Leases(ref.KeyID), ref.LeaseID)
 		return nil
 	})
 	if err != nil && !errors.Is(err, redis.Nil) {
-		return err
+		return 0, err
 	}
 	if err := checkHolder(ref, record.Val(), score, clock.Val().UnixMilli()); err != nil {
+		return 0, err
+	}
+	return int64(score.Val()), nil
+}
+
+func (s *Store) release(ctx context.Context, rdb redis.UniversalClient, ref LeaseRef) error {
+	leasesKey, recordKey := s.keys.Leases(ref.KeyID), s.keys.Lease(ref.KeyID, ref.LeaseID)
+	if _, err := s.holder(ctx, rdb, ref); err != nil {
 		return err
 	}
 	// No WATCH needed: the lease id is unique, so these writes can only hit
 	// this lease. If it expired and was pruned meanwhile, ZREM says so.
 	var removed *redis.IntCmd
-	_, err = rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+	_, err := rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		p.Del(ctx, recordKey)
 		removed = p.ZRem(ctx, leasesKey, ref.LeaseID)
 		return nil

@@ -108,7 +108,8 @@ func New(rdb redis.UniversalClient, opts *Options) (*Store, error) {
 }
 
 // Ping checks that Redis answers: on a cluster, every master, since any of
-// them may own the next key asked for.
+// them may own the next key asked for; on other clients (a Ring, say) what
+// their own Ping reaches.
 func (s *Store) Ping(ctx context.Context) error {
 	var err error
 	if c, ok := s.rdb.(*redis.ClusterClient); ok {

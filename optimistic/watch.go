@@ -102,14 +102,16 @@ const unwatchTimeout = time.Second
 // cancelled ctx would stop go-redis before it sends anything): a watching
 // connection back in the pool would abort some later caller's EXEC.
 // go-redis drops a connection whose UNWATCH failed on the network; one
-// whose UNWATCH the server refused is told to QUIT, so the server closes
-// it and the pool discards it before it serves again.
+// whose UNWATCH the server refused is told to QUIT, and then pinged: the
+// server has closed it, so the ping fails on the network and go-redis
+// drops the connection before it goes back to the pool.
 func unwatch(ctx context.Context, tx *redis.Tx) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), unwatchTimeout)
 	defer cancel()
 	var refused redis.Error
 	if err := tx.Unwatch(ctx).Err(); errors.As(err, &refused) {
 		_ = tx.Do(ctx, "quit").Err()
+		_ = tx.Ping(ctx).Err()
 	}
 }
 

@@ -2,6 +2,7 @@ package test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -150,11 +151,13 @@ func TestDeadlineDuringSkipKeepsConnection(t *testing.T) {
 }
 
 // A server that refuses UNWATCH leaves the connection watching: the store
-// has the server close it, so it never serves another caller.
+// has the server close it and the pool drop it before it serves another
+// caller, who neither sees the watch nor a dead connection.
 func TestRefusedUnwatchRetiresConnection(t *testing.T) {
 	srv := redistest.Start(t)
 	proxy := redistest.NewProxy(t, srv.Addr)
-	rdb := redis.NewClient(&redis.Options{Addr: proxy.Addr, PoolSize: 1})
+	// No retries: a dead connection handed out would surface as an error.
+	rdb := redis.NewClient(&redis.Options{Addr: proxy.Addr, PoolSize: 1, MaxRetries: -1})
 	t.Cleanup(func() { _ = rdb.Close() })
 	other := srv.Client(t)
 	store, err := optimistic.New(rdb, nil)
@@ -162,10 +165,15 @@ func TestRefusedUnwatchRetiresConnection(t *testing.T) {
 	ctx := t.Context()
 	require.NoError(t, store.SyncKey(ctx, optimistic.KeyState{ID: "k", Provider: "openai", Pool: "default", Status: optimistic.StatusDisabled}))
 
-	proxy.RefuseNext("unwatch")
-	_, _, err = store.Allocate(ctx, optimistic.AllocateRequest{Provider: "openai", Pool: "default", Candidates: []string{"k"}, TTL: time.Minute})
-	require.ErrorIs(t, err, optimistic.ErrNoCapacity)
-	require.Equal(t, 1, proxy.Refusals())
+	for range 20 {
+		proxy.RefuseNext("unwatch")
+		_, _, err = store.Allocate(ctx, optimistic.AllocateRequest{Provider: "openai", Pool: "default", Candidates: []string{"k"}, TTL: time.Minute})
+		require.ErrorIs(t, err, optimistic.ErrNoCapacity)
+		if err := rdb.Get(ctx, "unrelated").Err(); !errors.Is(err, redis.Nil) {
+			require.NoError(t, err, "the next caller got the dead connection")
+		}
+	}
+	require.Equal(t, 20, proxy.Refusals())
 	require.NoError(t, other.HSet(ctx, "credpool:key:{k}", "status", "pending").Err())
 	require.NoError(t, probeCommits(t, rdb), "a still-watching connection served again")
 }

@@ -49,7 +49,7 @@ type Store struct {
 	rdb  redis.UniversalClient
 	opts Options
 	keys rs.Schema
-	// direct runs SyncKey, Inspect and Ping, which need no script.
+	// direct runs SyncKey, Inspect, Holds and Ping, which need no script.
 	direct *optimistic.Store
 }
 
@@ -79,6 +79,12 @@ func (s *Store) SyncKey(ctx context.Context, k optimistic.KeyState) error {
 // optimistic.Store.Inspect does.
 func (s *Store) Inspect(ctx context.Context, keyIDs ...string) ([]optimistic.KeyInfo, error) {
 	return s.direct.Inspect(ctx, keyIDs...)
+}
+
+// Holds reads whether ref holds a live lease with the optimistic store's
+// commands: a read needs no script.
+func (s *Store) Holds(ctx context.Context, ref optimistic.LeaseRef) (time.Time, error) {
+	return s.direct.Holds(ctx, ref)
 }
 
 // Ping checks that Redis answers, as optimistic.Store.Ping does.

@@ -65,6 +65,16 @@ func (m *memStore) Release(_ context.Context, ref optimistic.LeaseRef) error {
 	return nil
 }
 
+func (m *memStore) Holds(_ context.Context, ref optimistic.LeaseRef) (time.Time, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	until, ok := m.leases[ref.KeyID][ref.LeaseID]
+	if !ok || !until.After(time.Now()) {
+		return time.Time{}, optimistic.ErrLeaseLost
+	}
+	return until, nil
+}
+
 func (m *memStore) Renew(context.Context, optimistic.LeaseRef, time.Duration) (time.Time, error) {
 	return time.Time{}, fmt.Errorf("memStore: renew is not used by the runner")
 }

@@ -136,8 +136,9 @@ func serve(args []string) error {
 	}
 	log.Info("catalog synced into the lease store", "keys", n)
 
+	brk := broker.New(cat, store, &broker.Options{Weights: &weights, Pools: pools, Requests: st.requests, Logger: log})
 	h, err := handlers.New(handlers.Config{
-		Service:        broker.New(cat, store, &broker.Options{Weights: &weights, Pools: pools, Requests: st.requests, Logger: log}),
+		Service:        brk,
 		Admin:          admin,
 		InternalKey:    cfg.internalKey,
 		AdminKey:       cfg.adminKey,
@@ -165,7 +166,13 @@ func serve(args []string) error {
 	log.Info("shutting down: draining requests")
 	shutdown, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
-	return srv.Shutdown(shutdown)
+	err = srv.Shutdown(shutdown)
+	// Releases that met a store failure get one last try.
+	brk.Close(shutdown)
+	if b := brk.Backlog(); b.Pending > 0 {
+		log.Warn("releases left to expire", "count", b.Pending)
+	}
+	return err
 }
 
 // requestTimeout bounds one request's work in the handlers (their default).

@@ -78,11 +78,7 @@ func (a *Admin) Key(ctx context.Context, id string) (KeyView, error) {
 }
 
 func (a *Admin) views(ctx context.Context, keys ...catalog.Key) ([]KeyView, error) {
-	ids := make([]string, len(keys))
-	for i, k := range keys {
-		ids[i] = k.ID
-	}
-	infos, err := a.store.Inspect(ctx, ids...)
+	infos, err := a.store.Inspect(ctx, ids(keys)...)
 	if err != nil {
 		return nil, err
 	}

@@ -40,7 +40,7 @@ type Catalog interface {
 	ResolveModel(ctx context.Context, provider, model string) (string, error)
 	MarkUsed(ctx context.Context, id string, at time.Time) error
 	RecoverCooldown(ctx context.Context, id string, now time.Time) (bool, error)
-	Report(ctx context.Context, id string, o catalog.Outcome, retryAfter time.Duration, now time.Time) (catalog.Key, error)
+	Report(ctx context.Context, id, leaseID string, o catalog.Outcome, retryAfter time.Duration, now time.Time) (catalog.Key, error)
 }
 
 // RequestLog remembers which lease answered an allocate request id, so a
@@ -77,7 +77,8 @@ type Options struct {
 	Logger *slog.Logger
 }
 
-// Broker serves allocate requests. It is safe for concurrent use.
+// Broker serves allocate requests. It is safe for concurrent use. Close
+// it to stop retrying releases in the background.
 type Broker struct {
 	catalog  Catalog
 	store    optimistic.LeaseStore
@@ -85,6 +86,7 @@ type Broker struct {
 	weights  Weights
 	pools    PoolOrder
 	log      *slog.Logger
+	backlog  *backlog
 
 	mu  sync.Mutex // guards rng
 	rng *rand.Rand
@@ -103,10 +105,33 @@ func New(c Catalog, s optimistic.LeaseStore, opts *Options) *Broker {
 	if o.Weights != nil {
 		b.weights = *o.Weights
 	}
+	if b.pools == nil {
+		b.pools = DefaultPoolOrder()
+	}
 	if b.log == nil {
 		b.log = slog.Default()
 	}
+	b.backlog = newBacklog(s, b.log)
 	return b
+}
+
+// Close stops retrying failed releases, after one last try under ctx.
+// Releases still failing are left to expire.
+func (b *Broker) Close(ctx context.Context) { b.backlog.close(ctx) }
+
+// Backlog reports the releases that met a store failure and are retried
+// in the background.
+func (b *Broker) Backlog() Backlog { return b.backlog.stats() }
+
+// release gives a lease back. If the store fails, the release is kept and
+// retried in the background until the store answers, so the slot returns
+// as soon as the store does; the caller still gets the error.
+func (b *Broker) release(ctx context.Context, ref optimistic.LeaseRef) error {
+	err := b.store.Release(ctx, ref)
+	if err != nil && !errors.Is(err, optimistic.ErrLeaseLost) && !errors.Is(err, optimistic.ErrInvalid) {
+		b.backlog.add(ref)
+	}
+	return err
 }
 
 // Request asks for one credential.
@@ -217,6 +242,7 @@ func (b *Broker) allocate(ctx context.Context, req Request, model string) (Grant
 		anyKey    bool
 		serving   bool
 		contended bool
+		stuck     int // releases on full candidates that wait for the store
 		freeAt    time.Time
 	)
 	for _, pool := range b.pools.Sequence(req.Pool) {
@@ -239,6 +265,7 @@ func (b *Broker) allocate(ctx context.Context, req Request, model string) (Grant
 			return g, nil
 		case errors.As(err, &full):
 			freeAt = earliest(freeAt, full.FreeAt)
+			stuck += b.backlog.stuck(ids(cands)...)
 		case errors.Is(err, optimistic.ErrContended):
 			// A hot pool is no reason to skip its fallbacks.
 			contended = true
@@ -252,6 +279,10 @@ func (b *Broker) allocate(ctx context.Context, req Request, model string) (Grant
 		return Grant{}, fmt.Errorf("%w: provider %s, pools %v", ErrNoCandidates, req.Provider, pools)
 	case !serving:
 		return Grant{}, fmt.Errorf("%w: no key of provider %s in pools %v serves model %s", ErrPolicy, req.Provider, pools, model)
+	case stuck > 0:
+		// "Full" would blame the callers for slots the store failed to
+		// give back: the store is the problem.
+		return Grant{Stats: g.Stats}, fmt.Errorf("%w: %d releases on these keys wait for the store to recover", optimistic.ErrStore, stuck)
 	case contended:
 		return Grant{Stats: g.Stats}, fmt.Errorf("%w: provider %s, pools %v", optimistic.ErrContended, req.Provider, pools)
 	case freeAt.IsZero():
@@ -259,6 +290,14 @@ func (b *Broker) allocate(ctx context.Context, req Request, model string) (Grant
 		return Grant{Stats: g.Stats}, fmt.Errorf("%w: no key of provider %s in pools %v that serves model %s is usable (all disabled, pending or exhausted)", ErrPolicy, req.Provider, pools, model)
 	}
 	return Grant{Stats: g.Stats}, &optimistic.CapacityError{FreeAt: freeAt}
+}
+
+func ids(keys []catalog.Key) []string {
+	out := make([]string, len(keys))
+	for i, k := range keys {
+		out[i] = k.ID
+	}
+	return out
 }
 
 func validate(req Request) error {

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
 	"github.com/credpool/credpool/internal/broker"
@@ -442,7 +443,7 @@ func TestConfirmGivesBack(t *testing.T) {
 			require.Equal(t, optimistic.StatusDisabled, in.Status)
 		}},
 		{"rate limited", func(t *testing.T, e *env, id string) {
-			_, err := e.cat.Report(t.Context(), id, catalog.OutcomeRateLimited, time.Hour, time.Now())
+			_, err := e.cat.Report(t.Context(), id, uuid.NewString(), catalog.OutcomeRateLimited, time.Hour, time.Now())
 			require.NoError(t, err)
 		}, func(t *testing.T, in optimistic.KeyInfo) {
 			require.Equal(t, optimistic.StatusRateLimited, in.Status)
@@ -521,7 +522,7 @@ func TestConfirmGivesBack(t *testing.T) {
 		e := newEnv(t, key("a", "default", 1))
 		var until time.Time
 		s := &hookStore{Store: e.store, granted: func(l optimistic.Lease) {
-			k, err := e.cat.Report(t.Context(), l.KeyID, catalog.OutcomeRateLimited, time.Hour, time.Now())
+			k, err := e.cat.Report(t.Context(), l.KeyID, uuid.NewString(), catalog.OutcomeRateLimited, time.Hour, time.Now())
 			require.NoError(t, err)
 			until = k.CooldownUntil
 		}}

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -143,9 +144,18 @@ type hookStore struct {
 	*sqlitestore.Store
 	fault   func(req optimistic.AllocateRequest) error
 	granted func(l optimistic.Lease)
+	// releaseDown makes Release fail as a store outage would while set.
+	releaseDown atomic.Bool
 
 	mu    sync.Mutex
 	calls []allocCall
+}
+
+func (s *hookStore) Release(ctx context.Context, ref optimistic.LeaseRef) error {
+	if s.releaseDown.Load() {
+		return optimistic.Classify(ctx, "release", errInjected)
+	}
+	return s.Store.Release(ctx, ref)
 }
 
 func (s *hookStore) Allocate(ctx context.Context, req optimistic.AllocateRequest) (optimistic.Lease, optimistic.Stats, error) {
@@ -177,14 +187,17 @@ func (s *hookStore) recorded() []allocCall {
 }
 
 // flakyCatalog is the real catalog with faults: the failGet-th Get
-// (1-based, 0 never) answers getErr, List answers listErr if set, and
-// MarkUsed runs markUsed first, if set, and answers its error if any.
+// (1-based, 0 never) answers getErr, List answers listErr if set,
+// MarkUsed runs markUsed first, if set, and answers its error if any, and
+// the first failReports Reports fail as a broken database would.
 type flakyCatalog struct {
 	*catalog.SQL
 	failGet  int
 	getErr   error
 	listErr  error
 	markUsed func(id string) error
+	// failReports is how many Reports to fail before the real ones.
+	failReports atomic.Int32
 
 	mu   sync.Mutex
 	gets int
@@ -215,6 +228,13 @@ func (c *flakyCatalog) MarkUsed(ctx context.Context, id string, at time.Time) er
 		}
 	}
 	return c.SQL.MarkUsed(ctx, id, at)
+}
+
+func (c *flakyCatalog) Report(ctx context.Context, id, leaseID string, o catalog.Outcome, retryAfter time.Duration, now time.Time) (catalog.Key, error) {
+	if c.failReports.Add(-1) >= 0 {
+		return catalog.Key{}, optimistic.Classify(ctx, "report", errInjected)
+	}
+	return c.SQL.Report(ctx, id, leaseID, o, retryAfter, now)
 }
 
 // cancelingCatalog ends the request's context on the first Get, as a

@@ -117,11 +117,7 @@ func (p *poolRun) allocate(ctx context.Context, cands []catalog.Key) error {
 // rank orders cands best first, reading their live state from the store
 // in one round trip; it returns that state too, in cands' order.
 func (p *poolRun) rank(ctx context.Context, cands []catalog.Key) ([]string, []optimistic.KeyInfo, error) {
-	ids := make([]string, len(cands))
-	for i, k := range cands {
-		ids[i] = k.ID
-	}
-	infos, err := p.store.Inspect(ctx, ids...)
+	infos, err := p.store.Inspect(ctx, ids(cands)...)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -225,7 +221,7 @@ func (p *poolRun) confirm(ctx context.Context, lease optimistic.Lease) (bool, er
 func (p *poolRun) giveBack(ctx context.Context, lease optimistic.Lease, reason string) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 	defer cancel()
-	err := p.store.Release(ctx, lease.LeaseRef)
+	err := p.release(ctx, lease.LeaseRef)
 	p.log.InfoContext(ctx, "grant given back", "key_id", lease.KeyID, "lease_id", lease.LeaseID, "reason", reason, "release_err", err)
 }
 

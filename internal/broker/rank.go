@@ -95,11 +95,11 @@ func (w Weights) Rank(cands []Candidate, now time.Time, rng *rand.Rand) []string
 		s[i] = scored{c.ID, w.Score(c, now) + w.Jitter*draw()}
 	}
 	slices.SortStableFunc(s, func(a, b scored) int { return cmp.Compare(b.score, a.score) })
-	ids := make([]string, len(s))
+	order := make([]string, len(s))
 	for i := range s {
-		ids[i] = s[i].id
+		order[i] = s[i].id
 	}
-	return ids
+	return order
 }
 
 func ratio(a, b float64) float64 {

@@ -10,9 +10,11 @@ import (
 	"github.com/credpool/credpool/optimistic"
 )
 
-// Release gives a lease back. See optimistic.LeaseStore.Release.
+// Release gives a lease back (see optimistic.LeaseStore.Release). If the
+// store fails, the caller gets the error and the broker keeps retrying the
+// release in the background (see Backlog).
 func (b *Broker) Release(ctx context.Context, ref optimistic.LeaseRef) error {
-	return b.store.Release(ctx, ref)
+	return b.release(ctx, ref)
 }
 
 // Renew extends a lease, unless the catalog no longer backs its key
@@ -43,20 +45,22 @@ func revoked(s optimistic.Status) bool {
 }
 
 func (b *Broker) revoke(ctx context.Context, ref optimistic.LeaseRef, why string) error {
-	if err := b.store.Release(ctx, ref); err != nil && !errors.Is(err, optimistic.ErrLeaseLost) {
+	if err := b.release(ctx, ref); err != nil && !errors.Is(err, optimistic.ErrLeaseLost) {
 		return err
 	}
 	return fmt.Errorf("%w: %s", optimistic.ErrLeaseLost, why)
 }
 
-// Report releases the lease and records the outcome of that use of its key
-// in the catalog (counters; rate_limited starts or extends a cooldown of
-// retryAfter; auth_error disables the key), then pushes the key's new state
-// to the store so no new lease is granted against it. A report counts only
-// for a lease the caller still holds: if the release says the lease is
-// lost or belongs to another provider or pool, that error is returned and
-// the catalog is left alone, so a repeated or misdirected report cannot
-// count twice or touch someone else's key.
+// Report records the outcome of the caller's use of its lease in the
+// catalog (counters; rate_limited starts or extends a cooldown of
+// retryAfter; auth_error disables the key), pushes the key's new state to
+// the store so no new lease is granted against it, and then releases the
+// lease. A report counts only for a lease the caller still holds, checked
+// first without giving it up: a lost lease, or one of another provider or
+// pool, is that error and the catalog is left alone. The catalog counts a
+// lease once, so a report retried after its release failed (the store was
+// down) completes the release without counting twice; until then the key
+// is never granted against a stale state, since the slot is still held.
 func (b *Broker) Report(ctx context.Context, ref optimistic.LeaseRef, o catalog.Outcome, retryAfter time.Duration) error {
 	if err := ref.Validate(); err != nil {
 		return err
@@ -64,18 +68,24 @@ func (b *Broker) Report(ctx context.Context, ref optimistic.LeaseRef, o catalog.
 	if !o.Valid() {
 		return fmt.Errorf("%w: outcome %q: want success, error, rate_limited or auth_error", optimistic.ErrInvalid, o)
 	}
-	if err := b.store.Release(ctx, ref); err != nil {
+	if _, err := b.store.Holds(ctx, ref); err != nil {
 		return err
 	}
-	k, err := b.catalog.Report(ctx, ref.KeyID, o, retryAfter, time.Now())
-	if errors.Is(err, catalog.ErrNotFound) {
+	k, err := b.catalog.Report(ctx, ref.KeyID, ref.LeaseID, o, retryAfter, time.Now())
+	switch {
+	case errors.Is(err, catalog.ErrNotFound):
+		// Deleted meanwhile: nothing to record, the slot still goes back.
+	case err != nil:
+		return catalogErr(ctx, "report", err)
+	case o == catalog.OutcomeRateLimited || o == catalog.OutcomeAuthError:
+		if err := b.store.SyncKey(ctx, k.LeaseState()); err != nil {
+			return err
+		}
+	}
+	err = b.release(ctx, ref)
+	if errors.Is(err, optimistic.ErrLeaseLost) && !errors.Is(err, optimistic.ErrLeaseMismatch) {
+		// It expired since the check: the outcome is recorded, the slot free.
 		return nil
 	}
-	if err != nil {
-		return catalogErr(ctx, "report", err)
-	}
-	if o == catalog.OutcomeRateLimited || o == catalog.OutcomeAuthError {
-		return b.store.SyncKey(ctx, k.LeaseState())
-	}
-	return nil
+	return err
 }

@@ -58,7 +58,7 @@ func Example() {
 	fmt.Println(model, len(keys), k.ID, k.Supports(model), k.Secret)
 
 	now := time.Now()
-	k, err = cat.Report(ctx, "key-1", catalog.OutcomeRateLimited, 30*time.Second, now)
+	k, err = cat.Report(ctx, "key-1", "lease-1", catalog.OutcomeRateLimited, 30*time.Second, now)
 	if err != nil {
 		panic(err)
 	}

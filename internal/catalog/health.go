@@ -13,6 +13,11 @@ import (
 // outcome that came without a usable retry-after.
 const DefaultRetryAfter = 60 * time.Second
 
+// ReportMemory is how long Report remembers a lease it counted, so that the
+// lease reported again is not counted twice. It is far longer than a lease
+// can be retried: a report is only taken for a lease still held.
+const ReportMemory = 24 * time.Hour
+
 // MarkUsed records that the key was handed out at at, or returns
 // ErrNotFound. LastUsedAt only moves later, so brokers with slightly skewed
 // clocks never move it back. UpdatedAt is left alone: a use is not a change
@@ -53,7 +58,7 @@ func (s *SQL) RecoverCooldown(ctx context.Context, id string, now time.Time) (bo
 }
 
 // Report applies one outcome of a use of the key at now and returns the
-// key as updated:
+// key as updated, without its secret:
 //
 //   - success: successes+1.
 //   - error: errors+1.
@@ -65,10 +70,17 @@ func (s *SQL) RecoverCooldown(ctx context.Context, id string, now time.Time) (bo
 //     late report from an old lease must not revive it.
 //   - auth_error: errors+1, status disabled.
 //
-// The update and the read back are one transaction. A missing key is
-// ErrNotFound, an unknown outcome optimistic.ErrInvalid.
-func (s *SQL) Report(ctx context.Context, id string, o Outcome, retryAfter time.Duration, now time.Time) (Key, error) {
+// A report names the lease it is about, and counts once per lease: the
+// same lease reported again (a retry after a failed release, say) changes
+// nothing and returns the key as it is. Lease ids are remembered for
+// ReportMemory. The update and the read back are one transaction. A
+// missing key is ErrNotFound, an unknown outcome or an empty lease id
+// optimistic.ErrInvalid.
+func (s *SQL) Report(ctx context.Context, id, leaseID string, o Outcome, retryAfter time.Duration, now time.Time) (Key, error) {
 	ms := now.UnixMilli()
+	if leaseID == "" {
+		return Key{}, invalidf("lease id of a report on key %s: want non-empty", id)
+	}
 	var set string
 	var args []any
 	switch o {
@@ -95,11 +107,26 @@ func (s *SQL) Report(ctx context.Context, id string, o Outcome, retryAfter time.
 	}
 	var k Key
 	err := s.inTx(ctx, fmt.Sprintf("report %s on key %q", o, id), func(tx *sql.Tx) error {
-		res, err := tx.ExecContext(ctx, `UPDATE catalog_keys SET `+set+`, updated_at = ? WHERE id = ?`, append(args, ms, id)...)
+		// First a write, so SQLite takes its lock up front.
+		res, err := tx.ExecContext(ctx, `INSERT INTO catalog_reports (lease_id, key_id, outcome, reported_at)
+		VALUES (?, ?, ?, ?) ON CONFLICT (lease_id) DO NOTHING`, leaseID, id, string(o), ms)
+		if err != nil {
+			return err
+		}
+		if n, err := res.RowsAffected(); err != nil || n == 0 {
+			if err == nil {
+				k, err = getKey(ctx, tx, id, false)
+			}
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, `DELETE FROM catalog_reports WHERE reported_at < ?`, now.Add(-ReportMemory).UnixMilli()); err != nil {
+			return err
+		}
+		res, err = tx.ExecContext(ctx, `UPDATE catalog_keys SET `+set+`, updated_at = ? WHERE id = ?`, append(args, ms, id)...)
 		if err := found(res, err, id); err != nil {
 			return err
 		}
-		k, err = getKey(ctx, tx, id)
+		k, err = getKey(ctx, tx, id, false)
 		return err
 	})
 	return k, err

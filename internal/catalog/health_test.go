@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
 	"github.com/credpool/credpool/internal/catalog"
@@ -43,13 +44,14 @@ func TestReport(t *testing.T) {
 			k.Status = tt.status
 			put(t, c, k)
 
-			got, err := c.Report(t.Context(), k.ID, tt.outcome, tt.retryAfter, t0)
+			got, err := c.Report(t.Context(), k.ID, uuid.NewString(), tt.outcome, tt.retryAfter, t0)
 			require.NoError(t, err)
 			require.Equal(t, tt.want, [3]int64{got.Successes, got.Errors, got.RateLimitHits})
 			require.Equal(t, tt.wantStatus, got.Status)
 			require.Equal(t, tt.wantCooldown, got.CooldownUntil)
 			require.Equal(t, t0, got.UpdatedAt)
-			require.Equal(t, got, get(t, c, k.ID))
+			require.Equal(t, got, noSecret(get(t, c, k.ID)))
+			require.Empty(t, got.Secret.Reveal(), "only Get reads a secret")
 		})
 	}
 }
@@ -59,7 +61,7 @@ func TestReportCooldownOnlyMovesLater(t *testing.T) {
 	put(t, c, testKey("k1"))
 	report := func(retryAfter time.Duration, now time.Time) time.Time {
 		t.Helper()
-		k, err := c.Report(t.Context(), "k1", catalog.OutcomeRateLimited, retryAfter, now)
+		k, err := c.Report(t.Context(), "k1", uuid.NewString(), catalog.OutcomeRateLimited, retryAfter, now)
 		require.NoError(t, err)
 		return k.CooldownUntil
 	}
@@ -95,7 +97,7 @@ func TestReportConcurrent(t *testing.T) {
 						if i%2 == 1 {
 							o = catalog.OutcomeRateLimited
 						}
-						if _, err := c.Report(t.Context(), "k1", o, time.Duration(w*reports+i)*time.Millisecond, t0); err != nil {
+						if _, err := c.Report(t.Context(), "k1", uuid.NewString(), o, time.Duration(w*reports+i)*time.Millisecond, t0); err != nil {
 							errs <- err
 							return
 						}
@@ -118,7 +120,7 @@ func TestReportConcurrent(t *testing.T) {
 func TestReportRejectsUnknownOutcome(t *testing.T) {
 	c, _ := newCatalog(t)
 	put(t, c, testKey("k1"))
-	_, err := c.Report(t.Context(), "k1", "timeout", 0, t0)
+	_, err := c.Report(t.Context(), "k1", uuid.NewString(), "timeout", 0, t0)
 	require.ErrorIs(t, err, optimistic.ErrInvalid)
 	require.Contains(t, err.Error(), "outcome")
 	require.Zero(t, get(t, c, "k1").Errors)
@@ -181,4 +183,33 @@ func TestMarkUsed(t *testing.T) {
 	require.Equal(t, t0.Add(time.Second), get(t, c, "k1").LastUsedAt)
 
 	require.ErrorIs(t, c.MarkUsed(t.Context(), "k1", time.Time{}), optimistic.ErrInvalid)
+}
+
+// A lease counts once: reported again (a retry after its release failed)
+// it changes nothing. The memory of counted leases is pruned after
+// ReportMemory.
+func TestReportCountsOncePerLease(t *testing.T) {
+	c, _ := newCatalog(t)
+	put(t, c, testKey("k1"))
+	for range 3 {
+		k, err := c.Report(t.Context(), "k1", "lease-1", catalog.OutcomeRateLimited, time.Minute, t0)
+		require.NoError(t, err)
+		require.Equal(t, int64(1), k.RateLimitHits)
+		require.Equal(t, t0.Add(time.Minute), k.CooldownUntil)
+	}
+	k, err := c.Report(t.Context(), "k1", "lease-2", catalog.OutcomeSuccess, 0, t0)
+	require.NoError(t, err)
+	require.Equal(t, []int64{1, 1}, []int64{k.Successes, k.RateLimitHits})
+
+	_, err = c.Report(t.Context(), "k1", "", catalog.OutcomeSuccess, 0, t0)
+	require.ErrorIs(t, err, optimistic.ErrInvalid)
+
+	// A day later lease-1 is forgotten (a lease never lives that long
+	// unreported), so the id could count again.
+	later := t0.Add(catalog.ReportMemory + time.Minute)
+	_, err = c.Report(t.Context(), "k1", "lease-3", catalog.OutcomeSuccess, 0, later)
+	require.NoError(t, err)
+	k, err = c.Report(t.Context(), "k1", "lease-1", catalog.OutcomeSuccess, 0, later)
+	require.NoError(t, err)
+	require.Equal(t, int64(3), k.Successes)
 }

@@ -67,3 +67,9 @@ func get(t *testing.T, c *catalog.SQL, id string) catalog.Key {
 	require.NoError(t, err)
 	return k
 }
+
+// noSecret is k as Put, List and Report return it: without its secret.
+func noSecret(k catalog.Key) catalog.Key {
+	k.Secret = ""
+	return k
+}

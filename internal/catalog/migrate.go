@@ -40,4 +40,15 @@ var schema = sqlitex.Schema{Table: "catalog_schema", Steps: [][]string{
 			PRIMARY KEY (provider, alias)
 		)`,
 	},
+	// catalog_reports remembers the leases Report counted, for
+	// ReportMemory, so that a repeated report counts once.
+	{
+		`CREATE TABLE catalog_reports (
+			lease_id    TEXT PRIMARY KEY,
+			key_id      TEXT NOT NULL,
+			outcome     TEXT NOT NULL,
+			reported_at BIGINT NOT NULL
+		)`,
+		`CREATE INDEX catalog_reports_reported_at ON catalog_reports (reported_at)`,
+	},
 }}

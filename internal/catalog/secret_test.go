@@ -16,7 +16,8 @@ import (
 // logged or marshalled.
 func TestSecretNeverPrinted(t *testing.T) {
 	c, _ := newCatalog(t)
-	k := put(t, c, testKey("k1"))
+	put(t, c, testKey("k1"))
+	k := get(t, c, "k1")
 	keys, err := c.List(t.Context(), "", "")
 	require.NoError(t, err)
 

@@ -76,8 +76,9 @@ ON CONFLICT (id) DO UPDATE SET
 	created_at = COALESCE(?, catalog_keys.created_at),
 	updated_at = excluded.updated_at`
 
-// Put creates or replaces the key with k's id and returns it as stored:
-// models sorted and deduplicated, times truncated to milliseconds.
+// Put creates or replaces the key with k's id and returns it as stored,
+// without its secret: models sorted and deduplicated, times truncated to
+// milliseconds.
 //
 // Status, cooldown, limit, pool, models and secret are always taken from k.
 // Of an existing key, the counters, LastUsedAt, LastVerifiedAt and
@@ -112,7 +113,7 @@ func (s *SQL) Put(ctx context.Context, k Key) (Key, error) {
 			}
 		}
 		var err error
-		stored, err = getKey(ctx, tx, k.ID)
+		stored, err = getKey(ctx, tx, k.ID, false)
 		return err
 	})
 	return stored, err
@@ -120,7 +121,7 @@ func (s *SQL) Put(ctx context.Context, k Key) (Key, error) {
 
 // Get returns the key, secret included, or ErrNotFound.
 func (s *SQL) Get(ctx context.Context, id string) (Key, error) {
-	k, err := getKey(ctx, s.db, id)
+	k, err := getKey(ctx, s.db, id, true)
 	if err != nil {
 		return Key{}, fail(ctx, fmt.Sprintf("get key %q", id), err)
 	}
@@ -204,8 +205,8 @@ func queryKeys(ctx context.Context, q queryer, withSecret bool, where string, ar
 	return keys, rows.Err()
 }
 
-func getKey(ctx context.Context, q queryer, id string) (Key, error) {
-	keys, err := queryKeys(ctx, q, true, `WHERE k.id = ?`, id)
+func getKey(ctx context.Context, q queryer, id string, withSecret bool) (Key, error) {
+	keys, err := queryKeys(ctx, q, withSecret, `WHERE k.id = ?`, id)
 	if err != nil {
 		return Key{}, err
 	}

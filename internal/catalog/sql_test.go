@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
 	"github.com/credpool/credpool/internal/catalog"
@@ -31,7 +32,8 @@ func TestPutGet(t *testing.T) {
 	require.Equal(t, stored.CreatedAt, stored.UpdatedAt)
 
 	got := get(t, c, "k1")
-	require.Equal(t, stored, got)
+	require.Equal(t, stored, noSecret(got))
+	require.Empty(t, stored.Secret.Reveal(), "only Get reads a secret")
 	require.Equal(t, secret, got.Secret.Reveal())
 	require.Equal(t, optimistic.StatusCooldown, got.Status)
 	require.Equal(t, 2, got.MaxConcurrentUses)
@@ -44,11 +46,11 @@ func TestPutKeepsHistory(t *testing.T) {
 	k.CreatedAt = time.UnixMilli(1_000_000).UTC()
 	put(t, c, k)
 	now := time.Now()
-	_, err := c.Report(t.Context(), "k1", catalog.OutcomeSuccess, 0, now)
+	_, err := c.Report(t.Context(), "k1", uuid.NewString(), catalog.OutcomeSuccess, 0, now)
 	require.NoError(t, err)
-	_, err = c.Report(t.Context(), "k1", catalog.OutcomeError, 0, now)
+	_, err = c.Report(t.Context(), "k1", uuid.NewString(), catalog.OutcomeError, 0, now)
 	require.NoError(t, err)
-	_, err = c.Report(t.Context(), "k1", catalog.OutcomeRateLimited, time.Second, now)
+	_, err = c.Report(t.Context(), "k1", uuid.NewString(), catalog.OutcomeRateLimited, time.Second, now)
 	require.NoError(t, err)
 	require.NoError(t, c.MarkUsed(t.Context(), "k1", now))
 
@@ -61,7 +63,7 @@ func TestPutKeepsHistory(t *testing.T) {
 	got := put(t, c, k)
 	require.Equal(t, "vip", got.Pool)
 	require.Equal(t, []string{"o1"}, got.Models)
-	require.Equal(t, "sk-rotated", got.Secret.Reveal())
+	require.Equal(t, "sk-rotated", get(t, c, "k1").Secret.Reveal())
 	require.Equal(t, 5, got.MaxConcurrentUses)
 	require.Equal(t, optimistic.StatusAvailable, got.Status)
 	require.True(t, got.CooldownUntil.IsZero(), "cooldown comes from the upsert")
@@ -197,7 +199,7 @@ func TestNotFound(t *testing.T) {
 		"Delete":   func() error { return c.Delete(t.Context(), "nope") },
 		"MarkUsed": func() error { return c.MarkUsed(t.Context(), "nope", now) },
 		"Report": func() error {
-			_, err := c.Report(t.Context(), "nope", catalog.OutcomeSuccess, 0, now)
+			_, err := c.Report(t.Context(), "nope", uuid.NewString(), catalog.OutcomeSuccess, 0, now)
 			return err
 		},
 	} {

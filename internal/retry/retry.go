@@ -57,11 +57,11 @@ func (p Policy) withDefaults() Policy {
 	return p
 }
 
-// Do runs op until it returns nil or an error that again rejects, pausing
-// between tries. It returns nil, op's last error (a permanent one, or a
-// retryable one once the budget is spent), or, when ctx ends during a
-// pause, op's last error joined with ctx's, so the caller sees both why it
-// was retrying and why it stopped. A ctx that has ended before the first
+// Do runs op until it returns nil or an error for which again returns
+// false, pausing between tries. It returns nil, op's last error (a
+// permanent one, or a retryable one once the budget is spent), or, when
+// ctx ends during a pause, op's last error joined with ctx's, so the
+// caller sees both why it was retrying and why it stopped. A ctx that has ended before the first
 // try still lets op run once: op decides what a dead ctx means.
 //
 // The backoff is built per call: backoff.ExponentialBackOff must not be

@@ -20,13 +20,30 @@ func (s *Store) Release(ctx context.Context, ref optimistic.LeaseRef) error {
 		return err
 	}
 	_, err := s.do(ctx, false, func(tx *sql.Tx, now int64) error {
-		if err := holds(ctx, tx, ref, now); err != nil {
+		if _, err := holds(ctx, tx, ref, now); err != nil {
 			return err
 		}
 		_, err := tx.ExecContext(ctx, `DELETE FROM lease_leases WHERE id = ?`, ref.LeaseID)
 		return err
 	})
 	return classify(ctx, "release", err)
+}
+
+// Holds returns the lease's expiry if ref holds a live lease, else
+// ErrLeaseLost or ErrLeaseMismatch as Release would. It reads only.
+func (s *Store) Holds(ctx context.Context, ref optimistic.LeaseRef) (time.Time, error) {
+	if err := ref.Validate(); err != nil {
+		return time.Time{}, err
+	}
+	var until int64
+	_, err := s.do(ctx, true, func(tx *sql.Tx, now int64) (err error) {
+		until, err = holds(ctx, tx, ref, now)
+		return err
+	})
+	if err != nil {
+		return time.Time{}, classify(ctx, "holds", err)
+	}
+	return fromMillis(until), nil
 }
 
 // Renew moves a live lease's expiry to now+ttl (store clock) and returns it.
@@ -42,7 +59,7 @@ func (s *Store) Renew(ctx context.Context, ref optimistic.LeaseRef, ttl time.Dur
 	}
 	var until int64
 	_, err := s.do(ctx, false, func(tx *sql.Tx, now int64) error {
-		if err := holds(ctx, tx, ref, now); err != nil {
+		if _, err := holds(ctx, tx, ref, now); err != nil {
 			return err
 		}
 		until = now + ttl.Milliseconds()
@@ -55,10 +72,10 @@ func (s *Store) Renew(ctx context.Context, ref optimistic.LeaseRef, ttl time.Dur
 	return fromMillis(until), nil
 }
 
-// holds says whether ref holds a live lease at now. Like the Redis store it
-// looks the lease up under ref's key only, so a wrong key id is "unknown",
-// not a mismatch.
-func holds(ctx context.Context, tx *sql.Tx, ref optimistic.LeaseRef, now int64) error {
+// holds says whether ref holds a live lease at now and returns its expiry
+// (ms). Like the Redis store it looks the lease up under ref's key only, so
+// a wrong key id is "unknown", not a mismatch.
+func holds(ctx context.Context, tx *sql.Tx, ref optimistic.LeaseRef, now int64) (int64, error) {
 	var (
 		provider, pool string
 		until          int64
@@ -67,13 +84,13 @@ func holds(ctx context.Context, tx *sql.Tx, ref optimistic.LeaseRef, now int64) 
 		ref.LeaseID, ref.KeyID).Scan(&provider, &pool, &until)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
-		return fmt.Errorf("%w: lease %s is unknown, released or expired", optimistic.ErrLeaseLost, ref.LeaseID)
+		return 0, fmt.Errorf("%w: lease %s is unknown, released or expired", optimistic.ErrLeaseLost, ref.LeaseID)
 	case err != nil:
-		return err
+		return 0, err
 	case provider != ref.Provider || pool != ref.Pool:
-		return fmt.Errorf("%w: lease %s", optimistic.ErrLeaseMismatch, ref.LeaseID)
+		return 0, fmt.Errorf("%w: lease %s", optimistic.ErrLeaseMismatch, ref.LeaseID)
 	case until <= now:
-		return fmt.Errorf("%w: lease %s expired", optimistic.ErrLeaseLost, ref.LeaseID)
+		return 0, fmt.Errorf("%w: lease %s expired", optimistic.ErrLeaseLost, ref.LeaseID)
 	}
-	return nil
+	return until, nil
 }

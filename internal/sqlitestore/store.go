@@ -88,14 +88,18 @@ type txFunc func(tx *sql.Tx, now int64) error
 
 // do runs fn in a transaction (IMMEDIATE unless readOnly) and commits it,
 // retrying busy transactions under the policy of Options. The Stats count
-// transactions tried and busy retries. It returns the raw error; callers
-// classify it.
+// transactions tried and those that found the file busy (the last one too,
+// if the budget ran out on it), as the Redis store counts aborted EXECs.
+// It returns the raw error; callers classify it.
 func (s *Store) do(ctx context.Context, readOnly bool, fn txFunc) (optimistic.Stats, error) {
 	var st optimistic.Stats
-	p := s.policy
-	p.OnRetry = func(error, time.Duration) { st.Conflicts++ }
-	err := retry.Do(ctx, p, sqlitex.Busy, func() error {
+	err := retry.Do(ctx, s.policy, sqlitex.Busy, func() (err error) {
 		st.Attempts++
+		defer func() {
+			if sqlitex.Busy(err) {
+				st.Conflicts++
+			}
+		}()
 		if !readOnly {
 			select {
 			case s.writer <- struct{}{}:

@@ -124,6 +124,7 @@ var cases = []struct {
 	{"ReleaseWithWrongIDsKeepsLease", releaseMismatch},
 	{"ReleaseAfterExpirySparesNewerLease", releaseAfterExpiry},
 	{"DoubleRelease", doubleRelease},
+	{"HoldsReadsWithoutReleasing", holds},
 	{"RenewExtends", renewExtends},
 	{"RenewAfterExpiryIsLost", renewAfterExpiry},
 	{"RenewMismatch", renewMismatch},
@@ -253,6 +254,41 @@ func doubleRelease(t *testing.T, b Backend) {
 	require.NotErrorIs(t, err, optimistic.ErrLeaseMismatch)
 	require.Equal(t, 1, info(t, b, "k").Live, "the other lease survives")
 	require.NoError(t, b.Store.Release(context.Background(), other.LeaseRef))
+}
+
+func holds(t *testing.T, b Backend) {
+	syncKeys(t, b, key("k", 1), key("other", 1))
+	ctx := context.Background()
+	l := mustAllocate(t, b, shortTTL, "k")
+	for range 2 {
+		until, err := b.Store.Holds(ctx, l.LeaseRef)
+		require.NoError(t, err)
+		require.True(t, until.Equal(l.Until), "Holds says %v, the lease ends %v", until, l.Until)
+	}
+	require.Equal(t, 1, info(t, b, "k").Live, "Holds writes nothing")
+	requireNoCapacity(t, b, "k")
+	wrong := l.LeaseRef
+	wrong.Pool = "vip"
+	_, err := b.Store.Holds(ctx, wrong)
+	require.ErrorIs(t, err, optimistic.ErrLeaseMismatch)
+	wrong = l.LeaseRef
+	wrong.KeyID = "other"
+	_, err = b.Store.Holds(ctx, wrong)
+	require.ErrorIs(t, err, optimistic.ErrLeaseLost)
+	renewed, err := b.Store.Renew(ctx, l.LeaseRef, longTTL)
+	require.NoError(t, err)
+	until, err := b.Store.Holds(ctx, l.LeaseRef)
+	require.NoError(t, err)
+	require.True(t, until.Equal(renewed), "after a renewal: %v, want %v", until, renewed)
+	require.NoError(t, b.Store.Release(ctx, l.LeaseRef))
+	_, err = b.Store.Holds(ctx, l.LeaseRef)
+	require.ErrorIs(t, err, optimistic.ErrLeaseLost)
+	require.NotErrorIs(t, err, optimistic.ErrLeaseMismatch)
+
+	expiring := mustAllocate(t, b, shortTTL, "other")
+	waitPast(expiring.Until)
+	_, err = b.Store.Holds(ctx, expiring.LeaseRef)
+	require.ErrorIs(t, err, optimistic.ErrLeaseLost, "expired, not pruned yet")
 }
 
 func renewExtends(t *testing.T, b Backend) {
@@ -485,6 +521,8 @@ func invalidInput(t *testing.T, b Backend) {
 		ref.Pool = id
 		_, err = b.Store.Renew(ctx, ref, longTTL)
 		require.ErrorIs(t, err, optimistic.ErrInvalid, "pool %q", id)
+		_, err = b.Store.Holds(ctx, ref)
+		require.ErrorIs(t, err, optimistic.ErrInvalid, "pool %q", id)
 		require.ErrorIs(t, b.Store.DeleteKey(ctx, id), optimistic.ErrInvalid, "key id %q", id)
 		_, err = b.Store.ClearLeases(ctx, id)
 		require.ErrorIs(t, err, optimistic.ErrInvalid, "key id %q", id)
@@ -526,6 +564,8 @@ func storeDown(t *testing.T, b Backend) {
 	require.NotErrorIs(t, err, optimistic.ErrNoCapacity)
 	require.ErrorIs(t, b.Store.Release(ctx, l.LeaseRef), optimistic.ErrStore)
 	_, err = b.Store.Renew(ctx, l.LeaseRef, longTTL)
+	require.ErrorIs(t, err, optimistic.ErrStore)
+	_, err = b.Store.Holds(ctx, l.LeaseRef)
 	require.ErrorIs(t, err, optimistic.ErrStore)
 	require.ErrorIs(t, b.Store.SyncKey(ctx, key("k", 1)), optimistic.ErrStore)
 	_, err = b.Store.Inspect(ctx, "k")

@@ -1,0 +1,130 @@
+package broker_test
+
+import (
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/credpool/credpool/internal/broker"
+	"github.com/credpool/credpool/internal/catalog"
+	"github.com/credpool/credpool/optimistic"
+)
+
+// eventually waits, bounded, for a background effect.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("still not %s after 10s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// A report records before it releases: if the catalog write fails the
+// caller still holds the lease, so the report can be retried, and the key
+// is never granted in between as if nothing happened.
+func TestReportRecordsBeforeReleasing(t *testing.T) {
+	e := newEnv(t, key("a", "default", 1))
+	c := &flakyCatalog{SQL: e.cat}
+	c.failReports.Store(1)
+	b := e.broker(c, e.store)
+	g := allocate(t, b, req("default"))
+
+	err := b.Report(t.Context(), g.LeaseRef, catalog.OutcomeRateLimited, time.Hour)
+	require.ErrorIs(t, err, broker.ErrCatalog)
+	require.Equal(t, 1, e.live(t, "a"), "the lease is still held")
+	require.Zero(t, e.get(t, "a").RateLimitHits)
+
+	require.NoError(t, b.Report(t.Context(), g.LeaseRef, catalog.OutcomeRateLimited, time.Hour), "the retry works")
+	require.Zero(t, e.live(t, "a"))
+	k := e.get(t, "a")
+	require.Equal(t, int64(1), k.RateLimitHits)
+	require.Equal(t, optimistic.StatusRateLimited, e.info(t, "a").Status, "the store knows before the slot is free")
+}
+
+// A report whose release met a store outage has counted; retried, it
+// finishes the release (or finds the broker's background retry did) and
+// never counts twice.
+func TestReportRetriedAfterFailedRelease(t *testing.T) {
+	e := newEnv(t, key("a", "default", 1))
+	s := &hookStore{Store: e.store}
+	b := e.broker(e.cat, s)
+	t.Cleanup(func() { b.Close(t.Context()) })
+	g := allocate(t, b, req("default"))
+
+	s.releaseDown.Store(true)
+	err := b.Report(t.Context(), g.LeaseRef, catalog.OutcomeSuccess, 0)
+	require.ErrorIs(t, err, optimistic.ErrStore)
+	require.Equal(t, int64(1), e.get(t, "a").Successes)
+	s.releaseDown.Store(false)
+
+	err = b.Report(t.Context(), g.LeaseRef, catalog.OutcomeSuccess, 0)
+	if err != nil {
+		require.ErrorIs(t, err, optimistic.ErrLeaseLost, "only the background retry may have been first")
+	}
+	eventually(t, "released", func() bool { return e.live(t, "a") == 0 })
+	require.Equal(t, int64(1), e.get(t, "a").Successes, "counted once")
+}
+
+// A release that met a store outage comes back as soon as the store does,
+// not at the lease's expiry; meanwhile a full pool is the store's fault
+// (ErrStore, 503), not "full" (429).
+func TestFailedReleasesAreRetried(t *testing.T) {
+	e := newEnv(t, key("a", "default", 1))
+	s := &hookStore{Store: e.store}
+	b := e.broker(e.cat, s)
+	t.Cleanup(func() { b.Close(t.Context()) })
+	g := allocate(t, b, req("default"))
+
+	s.releaseDown.Store(true)
+	require.ErrorIs(t, b.Release(t.Context(), g.LeaseRef), optimistic.ErrStore)
+	require.Equal(t, 1, b.Backlog().Pending)
+	_, err := b.Allocate(t.Context(), req("default"))
+	require.ErrorIs(t, err, optimistic.ErrStore)
+	require.NotErrorIs(t, err, optimistic.ErrNoCapacity)
+
+	s.releaseDown.Store(false)
+	eventually(t, "released in the background", func() bool { return b.Backlog().Pending == 0 })
+	require.Equal(t, broker.Backlog{Released: 1}, b.Backlog())
+	require.Zero(t, e.live(t, "a"))
+	allocate(t, b, req("default"))
+}
+
+// Close makes one last attempt; what still fails is left to expire.
+func TestCloseRetriesOnce(t *testing.T) {
+	e := newEnv(t, key("a", "default", 2))
+	s := &hookStore{Store: e.store}
+	b := e.broker(e.cat, s)
+	g1, g2 := allocate(t, b, req("default")), allocate(t, b, req("default"))
+	s.releaseDown.Store(true)
+	require.Error(t, b.Release(t.Context(), g1.LeaseRef))
+	s.releaseDown.Store(false)
+	b.Close(t.Context())
+	require.Equal(t, 1, e.live(t, "a"), "the pending release was made at Close")
+
+	s.releaseDown.Store(true)
+	require.Error(t, b.Release(t.Context(), g2.LeaseRef))
+	require.Equal(t, int64(1), b.Backlog().Dropped, "after Close nothing is kept")
+}
+
+// The backlog is bounded: past it a failed release is counted as dropped
+// and its lease expires by itself.
+func TestBacklogIsBounded(t *testing.T) {
+	e := newEnv(t, key("a", "default", 1))
+	s := &hookStore{Store: e.store}
+	s.releaseDown.Store(true)
+	b := e.broker(e.cat, s)
+	t.Cleanup(func() { b.Close(t.Context()) })
+	const over = 10_005
+	for i := range over {
+		ref := optimistic.LeaseRef{Provider: provider, Pool: "default", KeyID: "a", LeaseID: "l" + strconv.Itoa(i)}
+		require.Error(t, b.Release(t.Context(), ref))
+	}
+	got := b.Backlog()
+	require.Equal(t, over, got.Pending+int(got.Dropped))
+	require.Equal(t, int64(5), got.Dropped)
+}
