@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/credpool/credpool/handlers"
@@ -40,6 +41,7 @@ type service struct {
 	url   string
 	db    *sql.DB           // the catalog's file (and the SQLite store's)
 	redis *redistest.Server // nil for the SQLite store
+	proxy *redistest.Proxy  // between the service and Redis, if proxied
 	cat   *catalog.SQL
 	store optimistic.LeaseStore
 	logs  *syncBuffer
@@ -77,7 +79,12 @@ func (c catalogHook) Get(ctx context.Context, id string) (catalog.Key, error) {
 }
 
 type serviceOptions struct {
-	sqlite    bool
+	sqlite bool
+	// dir holds the catalog's file (and the SQLite store's); default: a
+	// fresh temp dir.
+	dir string
+	// proxied puts the fault proxy between the service and Redis.
+	proxied   bool
 	beforeGet func(id string)
 	// wrap, if set, wraps the lease store the broker uses, to inject faults.
 	wrap func(optimistic.LeaseStore) optimistic.LeaseStore
@@ -94,7 +101,10 @@ func (contendedStore) Allocate(context.Context, optimistic.AllocateRequest) (opt
 func startService(t *testing.T, o serviceOptions) *service {
 	t.Helper()
 	ctx := context.Background()
-	db, err := sqlitex.Open(filepath.Join(t.TempDir(), "credpool.db"))
+	if o.dir == "" {
+		o.dir = t.TempDir()
+	}
+	db, err := sqlitex.Open(filepath.Join(o.dir, "credpool.db"))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = db.Close() })
 	cat, err := catalog.New(ctx, db)
@@ -109,7 +119,14 @@ func startService(t *testing.T, o serviceOptions) *service {
 	} else {
 		name = "redis"
 		s.redis = redistest.Start(t)
-		store, err := optimistic.New(s.redis.Client(t), nil)
+		rdb := s.redis.Client(t)
+		if o.proxied {
+			s.proxy = redistest.NewProxy(t, s.redis.Addr)
+			c := redis.NewClient(&redis.Options{Addr: s.proxy.Addr, DialerRetries: 1, MaxRetries: 1})
+			t.Cleanup(func() { _ = c.Close() })
+			rdb = c
+		}
+		store, err := optimistic.New(rdb, nil)
 		require.NoError(t, err)
 		s.store, requests = store, store.Requests()
 	}
@@ -118,8 +135,10 @@ func startService(t *testing.T, o serviceOptions) *service {
 	if o.wrap != nil {
 		leases = o.wrap(leases)
 	}
+	brk := broker.New(catalogHook{SQL: cat, beforeGet: o.beforeGet}, leases, &broker.Options{Requests: requests, Logger: log})
+	t.Cleanup(func() { brk.Close(context.Background()) })
 	h, err := handlers.New(handlers.Config{
-		Service:     broker.New(catalogHook{SQL: cat, beforeGet: o.beforeGet}, leases, &broker.Options{Requests: requests, Logger: log}),
+		Service:     brk,
 		Admin:       broker.NewAdmin(cat, s.store),
 		InternalKey: internalKey,
 		AdminKey:    adminKey,

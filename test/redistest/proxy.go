@@ -24,6 +24,10 @@ type Proxy struct {
 	refuse   atomic.Pointer[[]byte] // a lone command to answer with an error
 	refusals atomic.Int64
 	wg       sync.WaitGroup
+
+	mu    sync.Mutex
+	down  bool
+	conns map[net.Conn]bool // open client connections
 }
 
 // NewProxy forwards connections on a free loopback port to target until t
@@ -74,6 +78,40 @@ func (p *Proxy) refused(chunk []byte) bool {
 	return true
 }
 
+// SetDown cuts the server off, or brings it back: while down, every open
+// connection is closed and new ones are closed at once, as when the
+// network between client and server fails. The server keeps its data.
+func (p *Proxy) SetDown(down bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.down = down
+	if down {
+		for c := range p.conns {
+			_ = c.Close()
+		}
+	}
+}
+
+// track registers an accepted client connection, or refuses it while down.
+func (p *Proxy) track(c net.Conn) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.down {
+		return false
+	}
+	if p.conns == nil {
+		p.conns = map[net.Conn]bool{}
+	}
+	p.conns[c] = true
+	return true
+}
+
+func (p *Proxy) untrack(c net.Conn) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.conns, c)
+}
+
 func (p *Proxy) accept() {
 	defer p.wg.Done()
 	for {
@@ -81,8 +119,13 @@ func (p *Proxy) accept() {
 		if err != nil {
 			return
 		}
+		if !p.track(client) {
+			_ = client.Close()
+			continue
+		}
 		server, err := net.Dial("tcp", p.target)
 		if err != nil {
+			p.untrack(client)
 			_ = client.Close()
 			continue
 		}
@@ -97,6 +140,7 @@ var execCmd = []byte("\r\nexec\r\n")
 
 func (p *Proxy) toServer(client, server net.Conn, mute *atomic.Bool) {
 	defer p.wg.Done()
+	defer p.untrack(client)
 	defer client.Close()
 	defer server.Close()
 	buf := make([]byte, 64<<10)
