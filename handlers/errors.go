@@ -12,6 +12,7 @@ import (
 
 	"github.com/credpool/credpool/internal/broker"
 	"github.com/credpool/credpool/internal/catalog"
+	"github.com/credpool/credpool/internal/requestlog"
 	"github.com/credpool/credpool/optimistic"
 )
 
@@ -48,8 +49,10 @@ func statusFor(err error) (status int, code string) {
 		return http.StatusNotFound, "key_not_found"
 	case errors.Is(err, broker.ErrPolicy):
 		return http.StatusConflict, "policy_conflict"
-	case errors.Is(err, optimistic.ErrRequestInFlight):
+	case errors.Is(err, requestlog.ErrInFlight):
 		return http.StatusConflict, "request_in_flight"
+	case errors.Is(err, requestlog.ErrReused):
+		return http.StatusConflict, "request_id_reused"
 	case errors.Is(err, optimistic.ErrNoCapacity):
 		return http.StatusTooManyRequests, "pool_exhausted"
 	case errors.Is(err, optimistic.ErrContended):

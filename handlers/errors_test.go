@@ -12,6 +12,7 @@ import (
 
 	"github.com/credpool/credpool/internal/broker"
 	"github.com/credpool/credpool/internal/catalog"
+	"github.com/credpool/credpool/internal/requestlog"
 	"github.com/credpool/credpool/optimistic"
 )
 
@@ -25,7 +26,8 @@ func TestStatusFor(t *testing.T) {
 		{&optimistic.CapacityError{}, http.StatusTooManyRequests, "pool_exhausted"},
 		{fmt.Errorf("%w: allocate", optimistic.ErrContended), http.StatusTooManyRequests, "contended"},
 		{fmt.Errorf("%w: x", broker.ErrPolicy), http.StatusConflict, "policy_conflict"},
-		{optimistic.ErrRequestInFlight, http.StatusConflict, "request_in_flight"},
+		{requestlog.ErrInFlight, http.StatusConflict, "request_in_flight"},
+		{requestlog.ErrReused, http.StatusConflict, "request_id_reused"},
 		{fmt.Errorf("%w: x", broker.ErrNoCandidates), http.StatusNotFound, "no_candidates"},
 		{storeDown, http.StatusServiceUnavailable, "store_unavailable"},
 		{fmt.Errorf("%w: %w", broker.ErrCatalog, storeDown), http.StatusServiceUnavailable, "catalog_unavailable"},

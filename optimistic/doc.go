@@ -22,8 +22,7 @@
 // Outcomes are kept apart with sentinel errors: ErrNoCapacity (a normal
 // "try later", as a *CapacityError carrying when a slot may free up),
 // ErrContended, ErrStore, ErrLeaseLost and ErrLeaseMismatch, ErrInvalid,
-// ErrRequestInFlight (Requests), and the context's own error when ctx ends
-// first. ErrConflict is the one neutral mark of a lost race (an aborted
+// and the context's own error when ctx ends first. ErrConflict is the one neutral mark of a lost race (an aborted
 // EXEC, a busy SQLite file): stores retry it and Classify turns one that
 // outlived the retries into ErrContended, so no caller needs a backend's
 // error types.
@@ -56,8 +55,4 @@
 // Every key of one credential shares a hash tag ({<key id>}, see DESIGN.md
 // "Redis key schema"), so each transaction stays in one slot and the store
 // works on Redis Cluster.
-//
-// Requests, beside the store, remembers which lease answered an allocate
-// request id, so that a retried request gets its lease back instead of a
-// second slot.
 package optimistic

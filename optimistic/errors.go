@@ -42,10 +42,6 @@ var (
 	// caller that only asks "do I still hold it?" checks ErrLeaseLost alone.
 	ErrLeaseMismatch = fmt.Errorf("%w: it belongs to another key, provider or pool", ErrLeaseLost)
 
-	// ErrRequestInFlight means another allocate with the same request id
-	// has not finished yet; retry shortly to get its lease (see Requests).
-	ErrRequestInFlight = errors.New("optimistic: a request with this id is still in flight")
-
 	// ErrInvalid means the request was rejected before touching the store:
 	// a malformed id, a non-positive ttl, an unknown status.
 	ErrInvalid = errors.New("optimistic: invalid argument")
@@ -81,7 +77,7 @@ func Classify(ctx context.Context, op string, err error) error {
 	case err == nil:
 		return nil
 	case errors.Is(err, ErrNoCapacity), errors.Is(err, ErrLeaseLost), errors.Is(err, ErrInvalid),
-		errors.Is(err, ErrContended), errors.Is(err, ErrRequestInFlight):
+		errors.Is(err, ErrContended):
 		return err
 	case ctx.Err() != nil:
 		if errors.Is(err, ctx.Err()) {

@@ -24,6 +24,7 @@ import (
 	"github.com/credpool/credpool/handlers"
 	"github.com/credpool/credpool/internal/broker"
 	"github.com/credpool/credpool/internal/catalog"
+	"github.com/credpool/credpool/internal/requestlog"
 	"github.com/credpool/credpool/internal/sqlitestore"
 	"github.com/credpool/credpool/internal/sqlitex"
 	"github.com/credpool/credpool/optimistic"
@@ -115,7 +116,9 @@ func startService(t *testing.T, o serviceOptions) *service {
 	if o.sqlite {
 		store, err := sqlitestore.New(context.Background(), db, nil)
 		require.NoError(t, err)
-		s.store, requests = store, store.Requests()
+		log, err := requestlog.NewSQLite(context.Background(), db)
+		require.NoError(t, err)
+		s.store, requests = store, log
 	} else {
 		name = "redis"
 		s.redis = redistest.Start(t)
@@ -128,7 +131,7 @@ func startService(t *testing.T, o serviceOptions) *service {
 		}
 		store, err := optimistic.New(rdb, nil)
 		require.NoError(t, err)
-		s.store, requests = store, store.Requests()
+		s.store, requests = store, requestlog.NewRedis(rdb, "credpool")
 	}
 	log := slog.New(slog.NewJSONHandler(s.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	leases := s.store

@@ -37,6 +37,7 @@ func TestLayering(t *testing.T) {
 		{module + "/internal/sqlitestore", []string{module + "/internal/catalog", module + "/internal/broker"}},
 		{module + "/internal/broker", []string{module + "/bench/", module + "/handlers", module + "/internal/sqlitestore"}},
 		{module + "/handlers", []string{module + "/bench/", module + "/internal/sqlitestore"}},
+		{module + "/internal/requestlog", []string{module + "/internal/broker", module + "/internal/catalog", module + "/internal/sqlitestore", module + "/handlers"}},
 	}
 	for _, f := range forbidden {
 		deps := goList(t, "-deps", "-f", "{{.ImportPath}}", f.pkg)

@@ -23,6 +23,7 @@ import (
 	"github.com/credpool/credpool/handlers"
 	"github.com/credpool/credpool/internal/broker"
 	"github.com/credpool/credpool/internal/catalog"
+	"github.com/credpool/credpool/internal/requestlog"
 	"github.com/credpool/credpool/internal/sqlitestore"
 	"github.com/credpool/credpool/internal/sqlitex"
 	"github.com/credpool/credpool/optimistic"
@@ -213,7 +214,11 @@ func openStore(ctx context.Context, cfg serveConfig, db *sql.DB) (leaseStore, er
 		if err != nil {
 			return leaseStore{}, err
 		}
-		return leaseStore{name: "sqlite", leases: s, requests: s.Requests(), close: func() {}}, nil
+		requests, err := requestlog.NewSQLite(ctx, db)
+		if err != nil {
+			return leaseStore{}, err
+		}
+		return leaseStore{name: "sqlite", leases: s, requests: requests, close: func() {}}, nil
 	}
 	// The URL may carry a password: errors must not echo it.
 	badURL := errors.New("--redis: not a valid Redis URL, want redis://[user:password@]host:port[/db]")
@@ -242,7 +247,9 @@ func openStore(ctx context.Context, cfg serveConfig, db *sql.DB) (leaseStore, er
 		_ = rdb.Close()
 		return leaseStore{}, err
 	}
-	return leaseStore{name: "redis", leases: s, requests: s.Requests(), close: func() { _ = rdb.Close() }}, nil
+	// The request log lives beside the leases, under the store's prefix.
+	requests := requestlog.NewRedis(rdb, "credpool")
+	return leaseStore{name: "redis", leases: s, requests: requests, close: func() { _ = rdb.Close() }}, nil
 }
 
 // ensureKeys refuses to run without both API keys, except in --dev mode,

@@ -16,7 +16,10 @@ import (
 	"sync"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/credpool/credpool/internal/catalog"
+	"github.com/credpool/credpool/internal/requestlog"
 	"github.com/credpool/credpool/optimistic"
 )
 
@@ -45,14 +48,19 @@ type Catalog interface {
 
 // RequestLog remembers which lease answered an allocate request id, so a
 // retried request gets the same lease back instead of a second slot.
-// optimistic.Store.Requests and sqlitestore.Store.Requests implement it.
+// requestlog.Redis and requestlog.SQLite implement it; see that package
+// for what each call promises.
 type RequestLog interface {
-	// Claim reserves id for ttl: claimed true means the caller owns it and
-	// must Record or Forget it; otherwise it returns the lease that
-	// answered id, or optimistic.ErrRequestInFlight.
-	Claim(ctx context.Context, id string, ttl time.Duration) (l optimistic.Lease, claimed bool, err error)
-	Record(ctx context.Context, id string, l optimistic.Lease) error
-	Forget(ctx context.Context, id string) error
+	// Claim reserves id for the caller holding token, or returns the
+	// lease that answered it, requestlog.ErrInFlight or
+	// requestlog.ErrReused.
+	Claim(ctx context.Context, id, token, fingerprint string, ttl time.Duration) (e requestlog.Entry, claimed bool, err error)
+	// Record stores the lease that answered id, held by token.
+	Record(ctx context.Context, id, token string, l optimistic.Lease) error
+	// Forget frees id if token holds it.
+	Forget(ctx context.Context, id, token string) error
+	// Extend keeps the record of a lease until its new expiry.
+	Extend(ctx context.Context, leaseID string, until time.Time) error
 }
 
 // Options configure a Broker; nil means defaults.
@@ -143,7 +151,8 @@ type Request struct {
 	TTL   time.Duration
 	// RequestID, if set, makes the request idempotent: the same provider
 	// and id again while the lease lives returns that lease (renewed to
-	// TTL), not a second slot.
+	// TTL), not a second slot; with another pool or model it is
+	// requestlog.ErrReused.
 	RequestID string
 }
 
@@ -161,8 +170,9 @@ type Grant struct {
 // pools), ErrPolicy (no key serves the model, or none of those that do is
 // usable or will be by itself), a *optimistic.CapacityError (keys serve
 // the model but none has a slot now; FreeAt is the earliest lease expiry or
-// cooldown end), optimistic.ErrContended, optimistic.ErrRequestInFlight,
-// optimistic.ErrStore, ErrCatalog, optimistic.ErrInvalid, or ctx's error.
+// cooldown end), optimistic.ErrContended, requestlog.ErrInFlight or
+// requestlog.ErrReused (request ids), optimistic.ErrStore, ErrCatalog,
+// optimistic.ErrInvalid, or ctx's error.
 // On error no lease is held, except one whose grant reply the store lost
 // (see optimistic.Store.Allocate): it expires by itself.
 func (b *Broker) Allocate(ctx context.Context, req Request) (Grant, error) {
@@ -182,55 +192,69 @@ func (b *Broker) Allocate(ctx context.Context, req Request) (Grant, error) {
 	return b.allocateOnce(ctx, req, model)
 }
 
+// claimWindow is how long a request id stays claimed when ctx sets no
+// deadline; with one, the claim lasts until it plus claimMargin. Either way
+// the claim outlives the allocation it guards.
+const (
+	claimWindow = 30 * time.Second
+	claimMargin = 5 * time.Second
+)
+
 // allocateOnce is Allocate for a request with an id: a replay gets the
-// recorded lease, renewed; a first request allocates and records.
+// recorded lease, renewed; a first request allocates and records. The
+// caller's token tells its own claim from another's, so a claim whose
+// reply was lost and re-sent still counts as its own.
 func (b *Broker) allocateOnce(ctx context.Context, req Request, model string) (Grant, error) {
 	id := req.Provider + "/" + req.RequestID
+	// What a replay must match: the lease's pool and model. The TTL may
+	// differ, since a replay renews to it.
+	fingerprint := req.Pool + "|" + model
+	token := uuid.NewString()
+	window := claimWindow
+	if dl, ok := ctx.Deadline(); ok {
+		window = time.Until(dl) + claimMargin
+	}
 	for range 2 {
-		prior, claimed, err := b.requests.Claim(ctx, id, req.TTL)
+		prior, claimed, err := b.requests.Claim(ctx, id, token, fingerprint, window)
 		if err != nil {
 			return Grant{}, err
 		}
 		if claimed {
 			g, err := b.allocate(ctx, req, model)
 			if err != nil {
-				b.forget(ctx, id)
+				b.forget(ctx, id, token)
 				return g, err
 			}
-			if err := b.requests.Record(ctx, id, g.Lease); err != nil {
+			if err := b.requests.Record(ctx, id, token, g.Lease); err != nil {
 				b.log.WarnContext(ctx, "record request id", "key_id", g.KeyID, "lease_id", g.LeaseID, "err", err)
 			}
 			return g, nil
 		}
-		g, err := b.replay(ctx, prior, model, req.TTL)
+		g, err := b.replay(ctx, prior.Lease, model, req.TTL)
 		if !errors.Is(err, optimistic.ErrLeaseLost) {
 			return g, err
 		}
 		// The recorded lease is gone: the id is free again.
-		b.forget(ctx, id)
+		b.forget(ctx, id, prior.Token)
 	}
-	return Grant{}, optimistic.ErrRequestInFlight
+	return Grant{}, requestlog.ErrInFlight
 }
 
 // replay hands out a recorded lease again, renewed to ttl, if its key
 // still backs it.
 func (b *Broker) replay(ctx context.Context, l optimistic.Lease, model string, ttl time.Duration) (Grant, error) {
-	until, err := b.Renew(ctx, l.LeaseRef, ttl)
+	until, k, err := b.renew(ctx, l.LeaseRef, ttl)
 	if err != nil {
 		return Grant{}, err
-	}
-	k, err := b.catalog.Get(ctx, l.KeyID)
-	if err != nil {
-		return Grant{}, catalogErr(ctx, "replay", err)
 	}
 	l.Until = until
 	return Grant{Lease: l, Model: model, Secret: k.Secret}, nil
 }
 
-func (b *Broker) forget(ctx context.Context, id string) {
+func (b *Broker) forget(ctx context.Context, id, token string) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 	defer cancel()
-	if err := b.requests.Forget(ctx, id); err != nil {
+	if err := b.requests.Forget(ctx, id, token); err != nil {
 		b.log.WarnContext(ctx, "forget request id", "err", err)
 	}
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/credpool/credpool/internal/broker"
 	"github.com/credpool/credpool/internal/catalog"
+	"github.com/credpool/credpool/internal/requestlog"
 	"github.com/credpool/credpool/internal/sqlitestore"
 	"github.com/credpool/credpool/internal/sqlitex"
 	"github.com/credpool/credpool/optimistic"
@@ -647,13 +648,13 @@ func TestReplayRevokedKey(t *testing.T) {
 
 func TestRequestInFlight(t *testing.T) {
 	e := newEnv(t, key("a", "default", 2))
-	b := broker.New(e.cat, e.store, &broker.Options{Requests: lostRecord{e.store.Requests()}, Logger: e.log})
+	b := broker.New(e.cat, e.store, &broker.Options{Requests: lostRecord{e.requests}, Logger: e.log})
 	r := req("default")
 	r.RequestID = "r1"
 
 	allocate(t, b, r) // granted; the record is lost, so r1 stays claimed
 	_, err := b.Allocate(t.Context(), r)
-	require.ErrorIs(t, err, optimistic.ErrRequestInFlight)
+	require.ErrorIs(t, err, requestlog.ErrInFlight)
 	require.Equal(t, 1, e.live(t, "a"), "an in-flight id takes no slot")
 
 	r.RequestID = "r2"
@@ -687,7 +688,7 @@ func TestReplayConcurrent(t *testing.T) {
 	for res := range results {
 		if res.err != nil {
 			if !errors.Is(res.err, optimistic.ErrContended) {
-				require.ErrorIs(t, res.err, optimistic.ErrRequestInFlight)
+				require.ErrorIs(t, res.err, requestlog.ErrInFlight)
 			}
 			continue
 		}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/credpool/credpool/internal/broker"
 	"github.com/credpool/credpool/internal/catalog"
+	"github.com/credpool/credpool/internal/requestlog"
 	"github.com/credpool/credpool/internal/sqlitestore"
 	"github.com/credpool/credpool/internal/sqlitex"
 	"github.com/credpool/credpool/optimistic"
@@ -39,10 +40,11 @@ const (
 // env is a catalog and a lease store on one fresh SQLite file, and the
 // Admin that keeps them in step.
 type env struct {
-	cat   *catalog.SQL
-	store *sqlitestore.Store
-	admin *broker.Admin
-	log   *slog.Logger
+	cat      *catalog.SQL
+	store    *sqlitestore.Store
+	requests *requestlog.SQLite
+	admin    *broker.Admin
+	log      *slog.Logger
 }
 
 // newEnv opens a fresh file in t.TempDir and puts keys through Admin.Put,
@@ -57,8 +59,10 @@ func newEnv(t *testing.T, keys ...catalog.Key) *env {
 	require.NoError(t, err)
 	store, err := sqlitestore.New(t.Context(), db, nil)
 	require.NoError(t, err)
+	requests, err := requestlog.NewSQLite(t.Context(), db)
+	require.NoError(t, err)
 	e := &env{
-		cat: cat, store: store, admin: broker.NewAdmin(cat, store),
+		cat: cat, store: store, requests: requests, admin: broker.NewAdmin(cat, store),
 		log: slog.New(slog.NewTextHandler(t.Output(), nil)),
 	}
 	for _, k := range keys {
@@ -71,7 +75,7 @@ func newEnv(t *testing.T, keys ...catalog.Key) *env {
 // broker returns a Broker over c and s with the default pool order and
 // the store's request log.
 func (e *env) broker(c broker.Catalog, s optimistic.LeaseStore) *broker.Broker {
-	return broker.New(c, s, &broker.Options{Requests: e.store.Requests(), Logger: e.log})
+	return broker.New(c, s, &broker.Options{Requests: e.requests, Logger: e.log})
 }
 
 // plain returns a Broker over the env's own catalog and store.
@@ -251,8 +255,8 @@ func (c cancelingCatalog) Get(ctx context.Context, id string) (catalog.Key, erro
 
 // lostRecord is the real request log whose Record fails, as if the
 // broker's write after a grant never landed: the id stays claimed.
-type lostRecord struct{ *sqlitestore.Requests }
+type lostRecord struct{ *requestlog.SQLite }
 
-func (lostRecord) Record(context.Context, string, optimistic.Lease) error {
+func (lostRecord) Record(context.Context, string, string, optimistic.Lease) error {
 	return errInjected
 }

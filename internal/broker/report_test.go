@@ -9,6 +9,7 @@ import (
 
 	"github.com/credpool/credpool/internal/broker"
 	"github.com/credpool/credpool/internal/catalog"
+	"github.com/credpool/credpool/internal/requestlog"
 	"github.com/credpool/credpool/optimistic"
 )
 
@@ -127,4 +128,32 @@ func TestBacklogIsBounded(t *testing.T) {
 	got := b.Backlog()
 	require.Equal(t, over, got.Pending+int(got.Dropped))
 	require.Equal(t, int64(5), got.Dropped)
+}
+
+// A request id keeps answering with its lease while the lease lives, also
+// past its first expiry once renewed, and refuses other parameters.
+func TestRequestIDFollowsItsLease(t *testing.T) {
+	e := newEnv(t, key("a", "default", 2), key("v", "vip", 1))
+	b := e.plain()
+	r := req("default")
+	r.RequestID, r.TTL = "r1", 1200*time.Millisecond
+	g := allocate(t, b, r)
+	_, err := b.Renew(t.Context(), g.LeaseRef, time.Hour)
+	require.NoError(t, err)
+	time.Sleep(1300 * time.Millisecond) // past the lease's first expiry
+
+	again := allocate(t, b, r)
+	require.Equal(t, g.LeaseID, again.LeaseID, "the renewed lease still answers its id")
+	require.Equal(t, 1, e.live(t, "a"), "no second slot")
+
+	other := r
+	other.Pool = "vip"
+	_, err = b.Allocate(t.Context(), other)
+	require.ErrorIs(t, err, requestlog.ErrReused)
+	other = r
+	other.Model = "gpt-4o-mini"
+	_, err = b.Allocate(t.Context(), other)
+	require.ErrorIs(t, err, requestlog.ErrReused)
+	require.Equal(t, 1, e.live(t, "a"))
+	require.Zero(t, e.live(t, "v"))
 }

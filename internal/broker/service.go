@@ -19,23 +19,39 @@ func (b *Broker) Release(ctx context.Context, ref optimistic.LeaseRef) error {
 
 // Renew extends a lease, unless the catalog no longer backs its key
 // (deleted, moved, disabled, pending or exhausted): then the lease is
-// released and the holder gets optimistic.ErrLeaseLost and must stop.
+// released and the holder gets optimistic.ErrLeaseLost and must stop. A
+// request id the lease answered keeps answering it until the new expiry.
 func (b *Broker) Renew(ctx context.Context, ref optimistic.LeaseRef, ttl time.Duration) (time.Time, error) {
+	until, _, err := b.renew(ctx, ref, ttl)
+	return until, err
+}
+
+// renew is Renew, returning the key as the catalog has it, secret included.
+func (b *Broker) renew(ctx context.Context, ref optimistic.LeaseRef, ttl time.Duration) (time.Time, catalog.Key, error) {
 	if err := ref.Validate(); err != nil {
-		return time.Time{}, err
+		return time.Time{}, catalog.Key{}, err
 	}
 	k, err := b.catalog.Get(ctx, ref.KeyID)
 	switch {
 	case errors.Is(err, catalog.ErrNotFound):
-		return time.Time{}, b.revoke(ctx, ref, "key deleted")
+		return time.Time{}, k, b.revoke(ctx, ref, "key deleted")
 	case err != nil:
-		return time.Time{}, catalogErr(ctx, "renew", err)
+		return time.Time{}, k, catalogErr(ctx, "renew", err)
 	case k.Provider != ref.Provider || k.Pool != ref.Pool:
-		return time.Time{}, b.revoke(ctx, ref, "key moved to another provider or pool")
+		return time.Time{}, k, b.revoke(ctx, ref, "key moved to another provider or pool")
 	case revoked(k.Status):
-		return time.Time{}, b.revoke(ctx, ref, "key "+string(k.Status))
+		return time.Time{}, k, b.revoke(ctx, ref, "key "+string(k.Status))
 	}
-	return b.store.Renew(ctx, ref, ttl)
+	until, err := b.store.Renew(ctx, ref, ttl)
+	if err != nil {
+		return time.Time{}, k, err
+	}
+	if b.requests != nil {
+		if err := b.requests.Extend(ctx, ref.LeaseID, until); err != nil {
+			b.log.WarnContext(ctx, "extend request id", "key_id", ref.KeyID, "lease_id", ref.LeaseID, "err", err)
+		}
+	}
+	return until, k, nil
 }
 
 // revoked reports whether holders of a key with this status must stop.

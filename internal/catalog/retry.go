@@ -23,17 +23,7 @@ var busyPolicy = retry.Policy{}
 // SQLite fn's first statement should be a write: starting with a read and
 // then writing can fail busy at once instead of waiting for the lock.
 func (s *SQL) inTx(ctx context.Context, op string, fn func(*sql.Tx) error) error {
-	return fail(ctx, op, s.write(ctx, func() error {
-		tx, err := s.db.BeginTx(ctx, nil)
-		if err != nil {
-			return err
-		}
-		if err := fn(tx); err != nil {
-			_ = tx.Rollback()
-			return err
-		}
-		return tx.Commit()
-	}))
+	return fail(ctx, op, s.write(ctx, func() error { return sqlitex.InTx(ctx, s.db, nil, fn) }))
 }
 
 // exec runs one write statement outside a transaction.

@@ -108,19 +108,11 @@ func (s *Store) do(ctx context.Context, readOnly bool, fn txFunc) (optimistic.St
 			}
 			defer func() { <-s.writer }()
 		}
-		tx, err := s.db.BeginTx(ctx, &sql.TxOptions{ReadOnly: readOnly})
-		if err != nil {
-			return err
-		}
-		// Read after BEGIN: a writer holds the lock, so the clock
-		// agrees with the order in which transactions commit.
-		if err := fn(tx, time.Now().UnixMilli()); err != nil {
-			// Rollback's error adds nothing: on failure nothing was
-			// committed either way.
-			_ = tx.Rollback()
-			return err
-		}
-		return tx.Commit()
+		return sqlitex.InTx(ctx, s.db, &sql.TxOptions{ReadOnly: readOnly}, func(tx *sql.Tx) error {
+			// Read after BEGIN: a writer holds the lock, so the clock
+			// agrees with the order in which transactions commit.
+			return fn(tx, time.Now().UnixMilli())
+		})
 	})
 	return st, err
 }

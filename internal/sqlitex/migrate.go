@@ -68,16 +68,7 @@ func upgrade(ctx context.Context, db *sql.DB, s Schema) error {
 	)`); err != nil {
 		return err
 	}
-	tx, err := db.BeginTx(ctx, nil)
-	if err != nil {
-		return err
-	}
-	if err := apply(ctx, tx, s); err != nil {
-		// On failure nothing was committed either way.
-		_ = tx.Rollback()
-		return err
-	}
-	return tx.Commit()
+	return InTx(ctx, db, nil, func(tx *sql.Tx) error { return apply(ctx, tx, s) })
 }
 
 func apply(ctx context.Context, tx *sql.Tx, s Schema) error {

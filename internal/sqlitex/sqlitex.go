@@ -4,6 +4,7 @@
 package sqlitex
 
 import (
+	"context"
 	"database/sql"
 	"errors"
 	"fmt"
@@ -92,4 +93,21 @@ func Conflict(err error) error {
 		return fmt.Errorf("%w: %w", optimistic.ErrConflict, err)
 	}
 	return err
+}
+
+// InTx runs fn in one transaction on db and commits it if fn succeeds;
+// otherwise it rolls back and nothing is written. It makes one attempt:
+// callers retry a busy one under their own policy, so fn must have no
+// effect outside tx but assigning its results.
+func InTx(ctx context.Context, db *sql.DB, opts *sql.TxOptions, fn func(*sql.Tx) error) error {
+	tx, err := db.BeginTx(ctx, opts)
+	if err != nil {
+		return err
+	}
+	if err := fn(tx); err != nil {
+		// Rollback's error adds nothing: nothing was committed either way.
+		_ = tx.Rollback()
+		return err
+	}
+	return tx.Commit()
 }

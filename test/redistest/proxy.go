@@ -19,7 +19,7 @@ type Proxy struct {
 	Addr     string
 	target   string
 	ln       net.Listener
-	cut      atomic.Bool
+	cut      atomic.Pointer[[]byte] // a command whose next reply to drop
 	cuts     atomic.Int64
 	refuse   atomic.Pointer[[]byte] // a lone command to answer with an error
 	refusals atomic.Int64
@@ -51,7 +51,14 @@ func NewProxy(t testing.TB, target string) *Proxy {
 // CutNextExec makes the proxy deliver the next EXEC to the server, let the
 // server run it, then drop the reply and close that connection: the client
 // cannot know whether its transaction committed.
-func (p *Proxy) CutNextExec() { p.cut.Store(true) }
+func (p *Proxy) CutNextExec() { p.CutNextReply("exec") }
+
+// CutNextReply is CutNextExec for the next request that carries the
+// command name (e.g. "set"): the server runs it, the reply is lost.
+func (p *Proxy) CutNextReply(name string) {
+	marker := []byte("\r\n" + strings.ToLower(name) + "\r\n")
+	p.cut.Store(&marker)
+}
 
 // Cuts says how many replies the proxy has dropped.
 func (p *Proxy) Cuts() int { return int(p.cuts.Load()) }
@@ -136,8 +143,6 @@ func (p *Proxy) accept() {
 	}
 }
 
-var execCmd = []byte("\r\nexec\r\n")
-
 func (p *Proxy) toServer(client, server net.Conn, mute *atomic.Bool) {
 	defer p.wg.Done()
 	defer p.untrack(client)
@@ -154,7 +159,8 @@ func (p *Proxy) toServer(client, server net.Conn, mute *atomic.Bool) {
 				}
 				continue
 			}
-			cutting := bytes.Contains(bytes.ToLower(chunk), execCmd) && p.cut.CompareAndSwap(true, false)
+			marker := p.cut.Load()
+			cutting := marker != nil && bytes.Contains(bytes.ToLower(chunk), *marker) && p.cut.CompareAndSwap(marker, nil)
 			if cutting {
 				mute.Store(true)
 			}
@@ -162,7 +168,7 @@ func (p *Proxy) toServer(client, server net.Conn, mute *atomic.Bool) {
 				return
 			}
 			if cutting {
-				// Give the server time to run EXEC before hanging up.
+				// Give the server time to run it before hanging up.
 				time.Sleep(200 * time.Millisecond)
 				p.cuts.Add(1)
 				return

@@ -1,0 +1,153 @@
+package requestlog
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/credpool/credpool/internal/retry"
+	"github.com/credpool/credpool/internal/sqlitex"
+	"github.com/credpool/credpool/optimistic"
+)
+
+// schema is the request log's table in the SQLite file, versioned in
+// request_log_schema. Append steps; never edit a released one.
+var schema = sqlitex.Schema{Table: "request_log_schema", Steps: [][]string{
+	// One row per id; lease is the recorded lease as JSON (NULL while
+	// claimed), lease_id its id for Extend. A row whose until has passed is
+	// dead and pruned by later claims.
+	{
+		`CREATE TABLE request_log (
+			id          TEXT PRIMARY KEY,
+			token       TEXT NOT NULL,
+			fingerprint TEXT NOT NULL,
+			lease       TEXT,
+			lease_id    TEXT,
+			until       INTEGER NOT NULL
+		)`,
+		`CREATE INDEX request_log_lease_id ON request_log (lease_id)`,
+		`CREATE INDEX request_log_until ON request_log (until)`,
+	},
+}}
+
+// pruneBatch bounds the dead rows one Claim removes: the table shrinks as
+// fast as it grows, and no claim pays for a backlog at once.
+const pruneBatch = 64
+
+// SQLite is the request log in a SQLite file (the lease store's). It is
+// safe for concurrent use, across processes sharing the file too. Its
+// clock is this host's.
+type SQLite struct {
+	db *sql.DB
+}
+
+// NewSQLite returns the request log in db (opened with sqlitex.Open),
+// creating or upgrading its table under ctx.
+func NewSQLite(ctx context.Context, db *sql.DB) (*SQLite, error) {
+	if err := sqlitex.Migrate(ctx, db, schema, retry.Policy{}); err != nil {
+		return nil, fail(ctx, "open", err)
+	}
+	return &SQLite{db: db}, nil
+}
+
+// Claim is Redis.Claim on the file; it also prunes a batch of dead rows.
+func (s *SQLite) Claim(ctx context.Context, id, token, fingerprint string, ttl time.Duration) (Entry, bool, error) {
+	var (
+		e       Entry
+		claimed bool
+		verdict error
+	)
+	err := s.write(ctx, func(tx *sql.Tx, now int64) error {
+		if _, err := tx.ExecContext(ctx, `DELETE FROM request_log WHERE id IN
+			(SELECT id FROM request_log WHERE until <= ? LIMIT ?)`, now, pruneBatch); err != nil {
+			return err
+		}
+		var (
+			rec   record
+			lease sql.NullString
+		)
+		err := tx.QueryRowContext(ctx, `SELECT token, fingerprint, lease FROM request_log WHERE id = ?`, id).
+			Scan(&rec.Token, &rec.Fingerprint, &lease)
+		if errors.Is(err, sql.ErrNoRows) {
+			claimed, verdict = true, nil
+			_, err = tx.ExecContext(ctx, `INSERT INTO request_log (id, token, fingerprint, until) VALUES (?, ?, ?, ?)`,
+				id, token, fingerprint, now+max(ttl, claimFloor).Milliseconds())
+			return err
+		}
+		if err != nil {
+			return err
+		}
+		if lease.Valid {
+			rec.Lease = &optimistic.Lease{}
+			if err := json.Unmarshal([]byte(lease.String), rec.Lease); err != nil {
+				return fmt.Errorf("request record %s: %w", id, err)
+			}
+		}
+		e, claimed, verdict = judge(rec, token, fingerprint)
+		return nil
+	})
+	if err != nil {
+		return Entry{}, false, fail(ctx, "claim request", err)
+	}
+	return e, claimed, verdict
+}
+
+// Record is Redis.Record on the file.
+func (s *SQLite) Record(ctx context.Context, id, token string, l optimistic.Lease) error {
+	raw, err := json.Marshal(l)
+	if err != nil {
+		return err
+	}
+	var n int64
+	err = s.write(ctx, func(tx *sql.Tx, _ int64) error {
+		res, err := tx.ExecContext(ctx, `UPDATE request_log SET lease = ?, lease_id = ?, until = ? WHERE id = ? AND token = ?`,
+			string(raw), l.LeaseID, l.Until.UnixMilli(), id, token)
+		if err != nil {
+			return err
+		}
+		n, err = res.RowsAffected()
+		return err
+	})
+	switch {
+	case err != nil:
+		return fail(ctx, "record request", err)
+	case n == 0:
+		return ErrClaimLost
+	}
+	return nil
+}
+
+// Forget is Redis.Forget on the file.
+func (s *SQLite) Forget(ctx context.Context, id, token string) error {
+	err := s.write(ctx, func(tx *sql.Tx, _ int64) error {
+		_, err := tx.ExecContext(ctx, `DELETE FROM request_log WHERE id = ? AND token = ?`, id, token)
+		return err
+	})
+	return fail(ctx, "forget request", err)
+}
+
+// Extend is Redis.Extend on the file.
+func (s *SQLite) Extend(ctx context.Context, leaseID string, until time.Time) error {
+	err := s.write(ctx, func(tx *sql.Tx, _ int64) error {
+		_, err := tx.ExecContext(ctx, `UPDATE request_log SET until = MAX(until, ?) WHERE lease_id = ?`, until.UnixMilli(), leaseID)
+		return err
+	})
+	return fail(ctx, "extend request", err)
+}
+
+// write runs fn in one write transaction (the write lock taken up front by
+// sqlitex.Open's IMMEDIATE), retrying while the file is busy; now is this
+// host's clock in ms. fn may run again, so it only assigns its results.
+func (s *SQLite) write(ctx context.Context, fn func(tx *sql.Tx, now int64) error) error {
+	return retry.Do(ctx, retry.Policy{}, sqlitex.Busy, func() error {
+		return sqlitex.InTx(ctx, s.db, nil, func(tx *sql.Tx) error { return fn(tx, time.Now().UnixMilli()) })
+	})
+}
+
+// fail classifies an error as the stores do.
+func fail(ctx context.Context, op string, err error) error {
+	return optimistic.Classify(ctx, op, sqlitex.Conflict(err))
+}
