@@ -2,6 +2,7 @@ package handlers
 
 import (
 	"errors"
+	"fmt"
 	"net/http"
 	"time"
 
@@ -12,10 +13,10 @@ import (
 	"github.com/credpool/credpool/optimistic"
 )
 
-// Lease length limits, in seconds.
+// Request limits: the default lease length (s), the longest retry_after
+// and model id.
 const (
 	defaultLeaseSeconds = 35
-	maxLeaseSeconds     = 3600
 	maxRetryAfter       = 86400
 	maxModelLen         = 256
 )
@@ -23,6 +24,8 @@ const (
 type internalAPI struct {
 	svc Service
 	m   *Metrics
+	// maxLease bounds lease_seconds, in whole seconds.
+	maxLease int
 }
 
 type allocateRequest struct {
@@ -55,7 +58,7 @@ func (a internalAPI) allocate(c *gin.Context) {
 	if req.Pool == "" {
 		req.Pool = "default"
 	}
-	ttl, ok := leaseTTL(c, req.LeaseSeconds)
+	ttl, ok := a.leaseTTL(c, req.LeaseSeconds)
 	if !ok || !validID(c, "provider", req.Provider) || !validID(c, "pool", req.Pool) {
 		return
 	}
@@ -162,7 +165,7 @@ func (a internalAPI) renew(c *gin.Context) {
 	if !ok {
 		return
 	}
-	ttl, ok := leaseTTL(c, req.LeaseSeconds)
+	ttl, ok := a.leaseTTL(c, req.LeaseSeconds)
 	if !ok {
 		return
 	}
@@ -206,13 +209,14 @@ func (a internalAPI) report(c *gin.Context) {
 	a.released(c, "report", a.svc.Report(c.Request.Context(), ref, req.Outcome, retry))
 }
 
-// leaseTTL reads lease_seconds (default 35, 1..3600).
-func leaseTTL(c *gin.Context, secs *int) (time.Duration, bool) {
+// leaseTTL reads lease_seconds: default 35 (or the maximum if lower), 1 to
+// the maximum lease.
+func (a internalAPI) leaseTTL(c *gin.Context, secs *int) (time.Duration, bool) {
 	if secs == nil {
-		return defaultLeaseSeconds * time.Second, true
+		return time.Duration(min(defaultLeaseSeconds, a.maxLease)) * time.Second, true
 	}
-	if *secs < 1 || *secs > maxLeaseSeconds {
-		invalid(c, "lease_seconds", "want 1 to 3600")
+	if *secs < 1 || *secs > a.maxLease {
+		invalid(c, "lease_seconds", fmt.Sprintf("want 1 to %d", a.maxLease))
 		return 0, false
 	}
 	return time.Duration(*secs) * time.Second, true

@@ -96,6 +96,20 @@ func (m *Metrics) watchBacklog(backlog func() broker.Backlog) {
 	)
 }
 
+// watchLosses exports the keys the lease store lost, read at each scrape.
+func (m *Metrics) watchLosses(losses func() broker.LossReport) {
+	m.reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "credpool_store_lost_keys_held",
+			Help: "Keys whose state the lease store lost, held back until every lease it may have forgotten has ended.",
+		}, func() float64 { return float64(losses().Held) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "credpool_store_lost_keys_total",
+			Help: "Keys found missing from the lease store although it had them (a restart without persistence, a flush, a failover).",
+		}, func() float64 { return float64(losses().Total) }),
+	)
+}
+
 // Handler serves the metrics in the Prometheus text format.
 func (m *Metrics) Handler() http.Handler {
 	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg})

@@ -40,6 +40,8 @@ type Admin interface {
 	Sync(ctx context.Context) (int, error)
 	SetAlias(ctx context.Context, provider, alias, model string) error
 	Ready(ctx context.Context) error
+	// Losses reports keys the lease store lost and that are held back.
+	Losses() broker.LossReport
 }
 
 // MinKeyLen is the shortest internal or admin key New accepts.
@@ -63,6 +65,11 @@ type Config struct {
 	//
 	// default: 10s
 	RequestTimeout time.Duration
+	// MaxLease bounds lease_seconds (whole seconds); give it the broker's
+	// Options.MaxLease.
+	//
+	// default: broker.DefaultMaxLease (1h)
+	MaxLease time.Duration
 	// Logger gets one JSON line per request with key_id and lease_id when
 	// known; never a secret.
 	//
@@ -86,9 +93,13 @@ func New(cfg Config) (http.Handler, error) {
 	if cfg.RequestTimeout <= 0 {
 		cfg.RequestTimeout = 10 * time.Second
 	}
+	if cfg.MaxLease < time.Second {
+		cfg.MaxLease = broker.DefaultMaxLease
+	}
 	if b, ok := cfg.Service.(backlogger); ok {
 		cfg.Metrics.watchBacklog(b.Backlog)
 	}
+	cfg.Metrics.watchLosses(cfg.Admin.Losses)
 	gin.SetMode(gin.ReleaseMode)
 	r := gin.New()
 	r.HandleMethodNotAllowed = true
@@ -107,11 +118,17 @@ func New(cfg Config) (http.Handler, error) {
 			c.JSON(http.StatusServiceUnavailable, gin.H{"status": "unavailable", "store": cfg.Store, "error": code})
 			return
 		}
-		c.JSON(http.StatusOK, gin.H{"status": "ok", "store": cfg.Store})
+		body := gin.H{"status": "ok", "store": cfg.Store}
+		if l := cfg.Admin.Losses(); l.Held > 0 {
+			// Serving, but not all keys: say which part and until when.
+			body["status"] = "degraded"
+			body["store_lost_keys"] = gin.H{"held": l.Held, "until": l.Until.UTC()}
+		}
+		c.JSON(http.StatusOK, body)
 	})
 	r.GET("/metrics", gin.WrapH(cfg.Metrics.Handler()))
 
-	in := internalAPI{svc: cfg.Service, m: cfg.Metrics}
+	in := internalAPI{svc: cfg.Service, m: cfg.Metrics, maxLease: int(cfg.MaxLease / time.Second)}
 	internal := r.Group("/api/internal", requireKey("X-Internal-Key", cfg.InternalKey))
 	internal.POST("/allocate-key", in.allocate)
 	internal.POST("/release", in.release)

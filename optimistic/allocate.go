@@ -202,7 +202,7 @@ func (a *allocation) decide(ctx context.Context, t *txn, keyID string) (verdict,
 		return v, nil
 	}
 	until := now + a.req.TTL.Milliseconds()
-	fence := k.fence + 1
+	fence := NextFence(k.fence, now)
 	err = t.commit(ctx, func(p redis.Pipeliner) {
 		if len(ls.expired) > 0 {
 			members := make([]any, len(ls.expired))

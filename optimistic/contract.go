@@ -87,7 +87,8 @@ type Lease struct {
 	// to the pool by itself.
 	Until time.Time
 	// Fence increases with every grant on the key, so a downstream system
-	// can reject a stale holder. It restarts at 1 if the key is deleted.
+	// can reject a stale holder; it never goes back, not even after the key
+	// was deleted or the store lost it (see NextFence).
 	Fence int64
 }
 

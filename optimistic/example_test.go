@@ -69,7 +69,7 @@ func ExampleStore_Allocate() {
 		fmt.Println("allocate:", err)
 		return
 	}
-	fmt.Println("granted", lease.KeyID, "fence", lease.Fence)
+	fmt.Println("granted", lease.KeyID, "fenced", lease.Fence > 0)
 
 	// The key's one slot is taken: a normal "try later", not a failure.
 	_, _, err = store.Allocate(ctx, req)
@@ -78,7 +78,7 @@ func ExampleStore_Allocate() {
 		fmt.Println("full until the lease ends:", full.FreeAt.Equal(lease.Until))
 	}
 	// Output:
-	// granted key-1 fence 1
+	// granted key-1 fenced true
 	// full until the lease ends: true
 }
 

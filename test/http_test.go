@@ -85,7 +85,9 @@ type serviceOptions struct {
 	// fresh temp dir.
 	dir string
 	// proxied puts the fault proxy between the service and Redis.
-	proxied   bool
+	proxied bool
+	// maxLease is the longest lease (default: the broker's).
+	maxLease  time.Duration
 	beforeGet func(id string)
 	// wrap, if set, wraps the lease store the broker uses, to inject faults.
 	wrap func(optimistic.LeaseStore) optimistic.LeaseStore
@@ -138,11 +140,13 @@ func startService(t *testing.T, o serviceOptions) *service {
 	if o.wrap != nil {
 		leases = o.wrap(leases)
 	}
-	brk := broker.New(catalogHook{SQL: cat, beforeGet: o.beforeGet}, leases, &broker.Options{Requests: requests, Logger: log})
+	opts := &broker.Options{Requests: requests, Logger: log, MaxLease: o.maxLease, Losses: broker.NewLosses()}
+	brk := broker.New(catalogHook{SQL: cat, beforeGet: o.beforeGet}, leases, opts)
 	t.Cleanup(func() { brk.Close(context.Background()) })
 	h, err := handlers.New(handlers.Config{
 		Service:     brk,
-		Admin:       broker.NewAdmin(cat, s.store),
+		Admin:       broker.NewAdmin(cat, s.store, opts),
+		MaxLease:    o.maxLease,
 		InternalKey: internalKey,
 		AdminKey:    adminKey,
 		Store:       name,
@@ -296,7 +300,7 @@ func TestHTTPLeaseLifecycle(t *testing.T) {
 		require.Equal(t, "default", g["pool"], "pool defaults to default")
 		require.Equal(t, "gpt-4o-2024-08-06", g["provider_model"], "the alias is resolved")
 		require.Equal(t, map[string]any{"api_key": "sk-secret-k1"}, g["credential"])
-		require.EqualValues(t, 1, g["fencing_token"])
+		require.Greater(t, g["fencing_token"], float64(time.Now().Add(-time.Minute).UnixMilli()*1000), "a fencing token carries the store's clock")
 		until, err := time.Parse(time.RFC3339Nano, g["lease_until"].(string))
 		require.NoError(t, err)
 		require.WithinDuration(t, time.Now().Add(35*time.Second), until, 5*time.Second, "lease_seconds defaults to 35")

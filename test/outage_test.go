@@ -1,11 +1,17 @@
 package test
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
+	"math/rand/v2"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -95,4 +101,155 @@ func fillDisk(t *testing.T, path string) {
 			return
 		}
 	}
+}
+
+// use is one caller's use of a granted key, by the caller's clock: from
+// the answer to the release it sent, or to the lease's end if it "crashed"
+// and never released.
+type use struct {
+	key        string
+	fence      int64
+	start, end time.Time
+}
+
+// overlaps returns the most uses of key that were ever under way at once,
+// and a fencing token handed out twice, if any.
+func overlaps(uses []use, key string) (most int, dup int64) {
+	type event struct {
+		at    time.Time
+		delta int
+	}
+	var events []event
+	seen := map[int64]bool{}
+	for _, u := range uses {
+		if u.key != key {
+			continue
+		}
+		if seen[u.fence] {
+			dup = u.fence
+		}
+		seen[u.fence] = true
+		events = append(events, event{u.start, 1}, event{u.end, -1})
+	}
+	slices.SortFunc(events, func(a, b event) int {
+		if c := a.at.Compare(b.at); c != 0 {
+			return c
+		}
+		return a.delta - b.delta // an end before a start at the same instant
+	})
+	n := 0
+	for _, e := range events {
+		n += e.delta
+		most = max(most, n)
+	}
+	return most, dup
+}
+
+// Redis loses everything twice under load: a FLUSHALL, then a crash and a
+// restart without persistence. Callers that hold leases the store forgot
+// keep using them; the service must hold those keys back until every such
+// lease has ended. The audit, by the callers' own clocks: no key ever had
+// more users than its limit, and no fencing token was handed out twice.
+func TestHTTPRedisLosesStateUnderLoad(t *testing.T) {
+	const maxLease = 2 * time.Second
+	s := startService(t, serviceOptions{maxLease: maxLease})
+	limits := map[string]int{"k1": 1, "k2": 2, "k3": 2}
+	for id, n := range limits {
+		s.putKey(t, id, "default", n, nil)
+	}
+
+	var (
+		mu      sync.Mutex
+		uses    []use
+		granted atomic.Int64
+		errs    = make(chan error, 16)
+		stop    = make(chan struct{})
+		wg      sync.WaitGroup
+	)
+	body := withField(allocBody("default"), "lease_seconds", int(maxLease/time.Second))
+	for w := range 8 {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(w), 7))
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				code, g, err := s.post("/api/internal/allocate-key", internalKey, body)
+				if err != nil {
+					errs <- err
+					return
+				}
+				if code != http.StatusOK {
+					time.Sleep(5 * time.Millisecond)
+					continue
+				}
+				granted.Add(1)
+				u := use{key: g["key_id"].(string), fence: int64(g["fencing_token"].(float64)), start: time.Now()}
+				time.Sleep(time.Duration(rng.IntN(20)) * time.Millisecond)
+				if rng.IntN(10) == 0 {
+					// Crashed: never released, "in use" until the lease ends.
+					u.end, _ = time.Parse(time.RFC3339Nano, g["lease_until"].(string))
+				} else {
+					u.end = time.Now()
+					_, _, _ = s.post("/api/internal/release", internalKey, leaseBody(g))
+				}
+				mu.Lock()
+				uses = append(uses, u)
+				mu.Unlock()
+			}
+		})
+	}
+
+	rdb := s.redis.Client(t)
+	time.Sleep(1500 * time.Millisecond)
+	before := granted.Load()
+	require.NoError(t, rdb.FlushAll(t.Context()).Err())
+	time.Sleep(3 * time.Second)
+	afterFlush := granted.Load()
+	s.redis = s.redis.Restart(t)
+	time.Sleep(3 * time.Second)
+	close(stop)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+
+	require.Positive(t, before, "grants before the flush")
+	require.Greater(t, afterFlush, before, "grants after the flush's quarantine")
+	require.Greater(t, granted.Load(), afterFlush, "grants after the restart's quarantine")
+	for id, limit := range limits {
+		most, dup := overlaps(uses, id)
+		require.LessOrEqual(t, most, limit, "%s: %d users at once", id, most)
+		require.Zero(t, dup, "%s: fencing token %d handed out twice", id, dup)
+	}
+	code, _, out := s.call(t, http.MethodGet, "/metrics", "", "", nil)
+	require.Equal(t, http.StatusOK, code, "%v", out)
+	t.Logf("%d grants, %d uses audited", granted.Load(), len(uses))
+}
+
+// post sends body with the internal key and decodes the answer; unlike
+// call it reports errors instead of failing t, so goroutines may use it.
+func (s *service) post(path, key string, body any) (int, map[string]any, error) {
+	raw, err := json.Marshal(body)
+	if err != nil {
+		return 0, nil, err
+	}
+	req, err := http.NewRequest(http.MethodPost, s.url+path, bytes.NewReader(raw))
+	if err != nil {
+		return 0, nil, err
+	}
+	req.Header.Set("X-Internal-Key", key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	var out map[string]any
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		return resp.StatusCode, nil, err
+	}
+	return resp.StatusCode, out, nil
 }

@@ -46,14 +46,16 @@ if ok and live < limit then
 		redis.call('ZREMRANGEBYSCORE', leases, '-inf', now)
 	end
 	local expiry = now + tonumber(ARGV[5])
-	local fence = (int(k[6]) or 0) + 1
+	-- optimistic.NextFence; formatted as an integer, since Redis would write
+	-- a Lua number this large in exponent notation.
+	local fence = string.format('%.0f', math.max((int(k[6]) or 0) + 1, now * 1000))
 	redis.call('ZADD', leases, expiry, lease_id)
 	redis.call('HSET', KEYS[3], 'key_id', ARGV[1], 'provider', ARGV[2], 'pool', ARGV[3],
 		'lease_until', expiry, 'fence', fence)
 	redis.call('PEXPIREAT', KEYS[3], expiry + tonumber(ARGV[6]))
 	redis.call('HSET', KEYS[1], 'status', 'available', 'cooldown_until', '',
 		'last_used_at', now, 'fence', fence)
-	return {1, expiry, fence, #expired}
+	return {1, expiry, tonumber(fence), #expired}
 end
 
 -- No grant: free_at as optimistic's freeAt computes it.

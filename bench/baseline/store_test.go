@@ -2,6 +2,7 @@ package baseline
 
 import (
 	"context"
+	"strconv"
 	"testing"
 	"time"
 
@@ -59,11 +60,34 @@ func TestResentAllocateReturnsSameLease(t *testing.T) {
 	require.NoError(t, err)
 	again, err := s.claim(ctx, req, "k", leaseID)
 	require.NoError(t, err)
-	require.Equal(t, []int64{1, first[1], 1, 0}, again, "same lease, same fence, nothing pruned")
+	require.Equal(t, []int64{1, first[1], first[2], 0}, again, "same lease, same fence, nothing pruned")
 	infos, err := s.Inspect(ctx, "k")
 	require.NoError(t, err)
 	require.Equal(t, 1, infos[0].Live)
-	require.Equal(t, int64(1), infos[0].Fence)
+	require.Equal(t, first[2], infos[0].Fence)
+}
+
+// The script hands out optimistic.NextFence exactly, though Lua numbers
+// are doubles and Redis writes large ones in exponent notation.
+func TestLuaFenceIsExact(t *testing.T) {
+	s, rdb := newTestStore(t)
+	ctx := context.Background()
+	require.NoError(t, s.SyncKey(ctx, optimistic.KeyState{
+		ID: "k", Provider: "openai", Pool: "default", Status: optimistic.StatusAvailable, MaxConcurrentUses: 5,
+	}))
+	req := optimistic.AllocateRequest{Provider: "openai", Pool: "default", Candidates: []string{"k"}, TTL: time.Minute}
+	var last int64
+	for range 5 {
+		before := time.Now().UnixMilli()
+		l, _, err := s.Allocate(ctx, req)
+		require.NoError(t, err)
+		require.Greater(t, l.Fence, last)
+		require.GreaterOrEqual(t, l.Fence, before*1000, "never below the clock part")
+		stored, err := rdb.HGet(ctx, "credpool:key:{k}", "fence").Result()
+		require.NoError(t, err)
+		require.Equal(t, strconv.FormatInt(l.Fence, 10), stored, "stored as an exact integer")
+		last = l.Fence
+	}
 }
 
 func TestNewRejectsBadPrefix(t *testing.T) {

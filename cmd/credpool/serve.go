@@ -42,6 +42,7 @@ type serveConfig struct {
 	demo         bool
 	readTimeout  time.Duration
 	idleTimeout  time.Duration
+	maxLease     time.Duration
 }
 
 // envOr returns the environment variable name, or def when it is unset.
@@ -67,7 +68,8 @@ func parseServe(args []string) (serveConfig, error) {
 	fs.BoolVar(&c.demo, "demo", false, "seed a small demo pool into an empty catalog (fake secrets)")
 	fs.DurationVar(&c.readTimeout, "read-timeout", 10*time.Second, "longest a client may take to send a whole request, body included (env CREDPOOL_READ_TIMEOUT)")
 	fs.DurationVar(&c.idleTimeout, "idle-timeout", 60*time.Second, "longest an idle keep-alive connection stays open (env CREDPOOL_IDLE_TIMEOUT)")
-	for flagName, env := range map[string]string{"read-timeout": "CREDPOOL_READ_TIMEOUT", "idle-timeout": "CREDPOOL_IDLE_TIMEOUT"} {
+	fs.DurationVar(&c.maxLease, "max-lease", broker.DefaultMaxLease, "longest lease granted or renewed to; also how long a key the lease store lost is held back (env CREDPOOL_MAX_LEASE)")
+	for flagName, env := range map[string]string{"read-timeout": "CREDPOOL_READ_TIMEOUT", "idle-timeout": "CREDPOOL_IDLE_TIMEOUT", "max-lease": "CREDPOOL_MAX_LEASE"} {
 		if v, ok := os.LookupEnv(env); ok {
 			if err := fs.Set(flagName, v); err != nil {
 				return c, fmt.Errorf("serve: %s: %w", env, err)
@@ -79,6 +81,9 @@ func parseServe(args []string) (serveConfig, error) {
 	}
 	if c.readTimeout <= 0 || c.idleTimeout <= 0 {
 		return c, errors.New("serve: --read-timeout and --idle-timeout must be positive")
+	}
+	if c.maxLease < time.Second {
+		return c, errors.New("serve: --max-lease must be at least 1s")
 	}
 	if fs.NArg() > 0 {
 		return c, fmt.Errorf("serve: unexpected argument %q", fs.Arg(0))
@@ -125,7 +130,11 @@ func serve(args []string) error {
 	}
 	defer st.close()
 	store, storeName := st.leases, st.name
-	admin := broker.NewAdmin(cat, store)
+	opts := &broker.Options{
+		Weights: &weights, Pools: pools, Requests: st.requests, Logger: log,
+		MaxLease: cfg.maxLease, Losses: broker.NewLosses(),
+	}
+	admin := broker.NewAdmin(cat, store, opts)
 	if cfg.demo {
 		if err := seedDemo(ctx, cat, admin); err != nil {
 			return err
@@ -137,7 +146,7 @@ func serve(args []string) error {
 	}
 	log.Info("catalog synced into the lease store", "keys", n)
 
-	brk := broker.New(cat, store, &broker.Options{Weights: &weights, Pools: pools, Requests: st.requests, Logger: log})
+	brk := broker.New(cat, store, opts)
 	h, err := handlers.New(handlers.Config{
 		Service:        brk,
 		Admin:          admin,
@@ -146,6 +155,7 @@ func serve(args []string) error {
 		Store:          storeName,
 		Metrics:        handlers.NewMetrics(),
 		RequestTimeout: requestTimeout,
+		MaxLease:       cfg.maxLease,
 		Logger:         log,
 	})
 	if err != nil {

@@ -17,18 +17,25 @@ type AdminCatalog interface {
 	Delete(ctx context.Context, id string) error
 	SetAlias(ctx context.Context, provider, alias, model string) error
 	Ping(ctx context.Context) error
+	syncCatalog
 }
 
 // Admin manages keys: the catalog first (the source of truth), then the
 // store. It is safe for concurrent use.
 type Admin struct {
+	syncer
 	catalog AdminCatalog
 	store   optimistic.LeaseStore
 }
 
-// NewAdmin returns an Admin over a catalog and a lease store.
-func NewAdmin(c AdminCatalog, s optimistic.LeaseStore) *Admin {
-	return &Admin{catalog: c, store: s}
+// NewAdmin returns an Admin over a catalog and a lease store. Of opts it
+// uses MaxLease, Losses and Logger: give it the Broker's.
+func NewAdmin(c AdminCatalog, s optimistic.LeaseStore, opts *Options) *Admin {
+	o := opts.withDefaults()
+	return &Admin{
+		syncer:  syncer{catalog: c, store: s, losses: o.Losses, maxLease: o.MaxLease, log: o.Logger},
+		catalog: c, store: s,
+	}
 }
 
 // KeyView is a key as an operator sees it: catalog fields and live state,
@@ -44,14 +51,20 @@ type KeyView struct {
 }
 
 // Put upserts a key in the catalog, then syncs its allocation state to the
-// store. If the store fails, the catalog keeps the change and the error
-// says so; a later Sync repairs the store.
+// store: a key the store lost is quarantined (see Options.MaxLease), and
+// the key returned says so. If the store fails, the catalog keeps the
+// change and the error says so; a later Sync repairs the store.
 func (a *Admin) Put(ctx context.Context, k catalog.Key) (catalog.Key, error) {
 	stored, err := a.catalog.Put(ctx, k)
 	if err != nil {
 		return catalog.Key{}, catalogErr(ctx, "put key", err)
 	}
-	return stored, a.store.SyncKey(ctx, stored.LeaseState())
+	infos, err := a.store.Inspect(ctx, stored.ID)
+	if err != nil {
+		return stored, err
+	}
+	stored, _, err = a.sync(ctx, stored, infos[0])
+	return stored, err
 }
 
 // Keys lists every key with its live state (one store round trip),
@@ -113,20 +126,28 @@ func (a *Admin) ClearLeases(ctx context.Context, id string) (int, error) {
 }
 
 // Sync rewrites the store's state of every catalog key and returns how
-// many were synced. Keys deleted from the catalog behind the store's back
+// many were synced; keys the store lost are quarantined (see
+// Options.MaxLease). Keys deleted from the catalog behind the store's back
 // are not found by it; delete them through Delete.
 func (a *Admin) Sync(ctx context.Context) (int, error) {
 	keys, err := a.catalog.List(ctx, "", "")
 	if err != nil {
 		return 0, catalogErr(ctx, "list keys", err)
 	}
+	infos, err := a.store.Inspect(ctx, ids(keys)...)
+	if err != nil {
+		return 0, err
+	}
 	for i, k := range keys {
-		if err := a.store.SyncKey(ctx, k.LeaseState()); err != nil {
+		if _, _, err := a.sync(ctx, k, infos[i]); err != nil {
 			return i, err
 		}
 	}
 	return len(keys), nil
 }
+
+// Losses reports the keys found lost from the store and held back.
+func (a *Admin) Losses() LossReport { return a.losses.Report(time.Now()) }
 
 // SetAlias makes alias name model for the provider's requests.
 func (a *Admin) SetAlias(ctx context.Context, provider, alias, model string) error {

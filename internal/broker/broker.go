@@ -44,6 +44,7 @@ type Catalog interface {
 	MarkUsed(ctx context.Context, id string, at time.Time) error
 	RecoverCooldown(ctx context.Context, id string, now time.Time) (bool, error)
 	Report(ctx context.Context, id, leaseID string, o catalog.Outcome, retryAfter time.Duration, now time.Time) (catalog.Key, error)
+	syncCatalog
 }
 
 // RequestLog remembers which lease answered an allocate request id, so a
@@ -78,6 +79,19 @@ type Options struct {
 	//
 	// default: DefaultPoolOrder() (vip borrows default)
 	Pools PoolOrder
+	// MaxLease is the longest lease granted or renewed to. It also bounds
+	// how long a key the lease store lost is held back (see Losses): a
+	// lease the store forgot may be in use for up to that long. Shorter
+	// means faster recovery after a loss and more frequent renewals for
+	// long work.
+	//
+	// default: DefaultMaxLease (1h)
+	MaxLease time.Duration
+	// Losses counts keys the store lost; give the Broker and its Admin the
+	// same one.
+	//
+	// default: a tracker of the Broker's own
+	Losses *Losses
 	// Logger receives one line per decision worth knowing (a grant given
 	// back, a cache repair). It logs key and lease ids, never secrets.
 	//
@@ -85,9 +99,27 @@ type Options struct {
 	Logger *slog.Logger
 }
 
+func (o *Options) withDefaults() Options {
+	var out Options
+	if o != nil {
+		out = *o
+	}
+	if out.MaxLease <= 0 {
+		out.MaxLease = DefaultMaxLease
+	}
+	if out.Losses == nil {
+		out.Losses = NewLosses()
+	}
+	if out.Logger == nil {
+		out.Logger = slog.Default()
+	}
+	return out
+}
+
 // Broker serves allocate requests. It is safe for concurrent use. Close
 // it to stop retrying releases in the background.
 type Broker struct {
+	syncer
 	catalog  Catalog
 	store    optimistic.LeaseStore
 	requests RequestLog
@@ -102,13 +134,12 @@ type Broker struct {
 
 // New returns a Broker over a catalog and a lease store.
 func New(c Catalog, s optimistic.LeaseStore, opts *Options) *Broker {
-	var o Options
-	if opts != nil {
-		o = *opts
-	}
+	o := opts.withDefaults()
 	b := &Broker{
+		syncer:  syncer{catalog: c, store: s, losses: o.Losses, maxLease: o.MaxLease, log: o.Logger},
 		catalog: c, store: s, requests: o.Requests, weights: DefaultWeights(), pools: o.Pools, log: o.Logger,
-		rng: rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
+		backlog: newBacklog(s, o.Logger),
+		rng:     rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
 	}
 	if o.Weights != nil {
 		b.weights = *o.Weights
@@ -116,10 +147,6 @@ func New(c Catalog, s optimistic.LeaseStore, opts *Options) *Broker {
 	if b.pools == nil {
 		b.pools = DefaultPoolOrder()
 	}
-	if b.log == nil {
-		b.log = slog.Default()
-	}
-	b.backlog = newBacklog(s, b.log)
 	return b
 }
 
@@ -176,7 +203,7 @@ type Grant struct {
 // On error no lease is held, except one whose grant reply the store lost
 // (see optimistic.Store.Allocate): it expires by itself.
 func (b *Broker) Allocate(ctx context.Context, req Request) (Grant, error) {
-	if err := validate(req); err != nil {
+	if err := b.validate(req); err != nil {
 		return Grant{}, err
 	}
 	if req.RequestID != "" && b.requests == nil {
@@ -324,9 +351,12 @@ func ids(keys []catalog.Key) []string {
 	return out
 }
 
-func validate(req Request) error {
+func (b *Broker) validate(req Request) error {
 	if err := (optimistic.AllocateRequest{Provider: req.Provider, Pool: req.Pool, TTL: req.TTL}).Validate(); err != nil {
 		return err
+	}
+	if req.TTL > b.maxLease {
+		return fmt.Errorf("%w: lease ttl %v: want at most %v", optimistic.ErrInvalid, req.TTL, b.maxLease)
 	}
 	if req.Model == "" || len(req.Model) > 256 {
 		return fmt.Errorf("%w: model: want 1-256 characters", optimistic.ErrInvalid)

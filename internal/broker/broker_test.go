@@ -964,7 +964,7 @@ func TestAdmin(t *testing.T) {
 		require.NoError(t, err)
 		require.NoError(t, db.Close())
 
-		err = broker.NewAdmin(e.cat, store).Ready(t.Context())
+		err = broker.NewAdmin(e.cat, store, nil).Ready(t.Context())
 		require.ErrorIs(t, err, optimistic.ErrStore)
 		require.NotErrorIs(t, err, broker.ErrCatalog)
 	})
@@ -977,7 +977,7 @@ func TestAdmin(t *testing.T) {
 		require.NoError(t, err)
 		require.NoError(t, db.Close())
 
-		err = broker.NewAdmin(cat, e.store).Ready(t.Context())
+		err = broker.NewAdmin(cat, e.store, nil).Ready(t.Context())
 		require.ErrorIs(t, err, broker.ErrCatalog)
 	})
 }

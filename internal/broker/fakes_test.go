@@ -62,7 +62,7 @@ func newEnv(t *testing.T, keys ...catalog.Key) *env {
 	requests, err := requestlog.NewSQLite(t.Context(), db)
 	require.NoError(t, err)
 	e := &env{
-		cat: cat, store: store, requests: requests, admin: broker.NewAdmin(cat, store),
+		cat: cat, store: store, requests: requests, admin: broker.NewAdmin(cat, store, nil),
 		log: slog.New(slog.NewTextHandler(t.Output(), nil)),
 	}
 	for _, k := range keys {

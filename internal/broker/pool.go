@@ -51,9 +51,11 @@ func (p *poolRun) candidates(ctx context.Context, keys []catalog.Key) (cands []c
 	return cands, cooling, served
 }
 
-// recover marks a key whose cooldown has passed available again, in the
-// catalog and the store. It is best effort: the store grants such a key
-// anyway, so a failure here only costs a log line.
+// recover marks a key whose cooldown has passed available again in the
+// catalog. The store needs no sync: it grants such a key anyway and marks
+// it available when it does. (A sync here could also recreate, unnoticed,
+// a key the store lost; repair is what tells that apart.) It is best
+// effort: a failure only costs a log line.
 func (p *poolRun) recover(ctx context.Context, k catalog.Key, now time.Time) catalog.Key {
 	changed, err := p.catalog.RecoverCooldown(ctx, k.ID, now)
 	if err != nil {
@@ -64,9 +66,6 @@ func (p *poolRun) recover(ctx context.Context, k catalog.Key, now time.Time) cat
 		return k
 	}
 	k.Status, k.CooldownUntil = optimistic.StatusAvailable, time.Time{}
-	if err := p.store.SyncKey(ctx, k.LeaseState()); err != nil {
-		p.log.WarnContext(ctx, "recover cooldown in store", "key_id", k.ID, "err", err)
-	}
 	return k
 }
 
@@ -140,8 +139,9 @@ func (p *poolRun) rank(ctx context.Context, cands []catalog.Key) ([]string, []op
 
 // repair syncs into the store every candidate whose store state differs
 // from the catalog, re-read from the catalog just before: the request's
-// own snapshot may be older than an admin's latest sync. It returns how
-// many it synced; none means the pool is really full.
+// own snapshot may be older than an admin's latest sync. A candidate the
+// store lost is quarantined instead (see syncer.sync). It returns how many
+// it synced and may now grant; none means the pool is really full.
 func (p *poolRun) repair(ctx context.Context, cands []catalog.Key, infos []optimistic.KeyInfo) (int, error) {
 	n := 0
 	for i, k := range cands {
@@ -155,8 +155,14 @@ func (p *poolRun) repair(ctx context.Context, cands []catalog.Key, infos []optim
 		if err != nil {
 			return n, catalogErr(ctx, "repair", err)
 		}
-		if err := p.store.SyncKey(ctx, fresh.LeaseState()); err != nil {
+		synced, lost, err := p.sync(ctx, fresh, infos[i])
+		if err != nil {
 			return n, err
+		}
+		if lost {
+			// Held back: frees up by itself once its quarantine ends.
+			p.cooling = earliest(p.cooling, synced.CooldownUntil)
+			continue
 		}
 		n++
 	}

@@ -31,6 +31,9 @@ func (b *Broker) renew(ctx context.Context, ref optimistic.LeaseRef, ttl time.Du
 	if err := ref.Validate(); err != nil {
 		return time.Time{}, catalog.Key{}, err
 	}
+	if ttl > b.maxLease {
+		return time.Time{}, catalog.Key{}, fmt.Errorf("%w: lease ttl %v: want at most %v", optimistic.ErrInvalid, ttl, b.maxLease)
+	}
 	k, err := b.catalog.Get(ctx, ref.KeyID)
 	switch {
 	case errors.Is(err, catalog.ErrNotFound):

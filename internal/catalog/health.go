@@ -36,6 +36,43 @@ func (s *SQL) MarkUsed(ctx context.Context, id string, at time.Time) error {
 	return nil
 }
 
+// MarkSynced records that the key reached the lease store at at, unless
+// it did before: from then on, the store lacking the key means it lost
+// state (see Quarantine). A missing key is ErrNotFound.
+func (s *SQL) MarkSynced(ctx context.Context, id string, at time.Time) error {
+	res, err := s.exec(ctx, `UPDATE catalog_keys SET synced_at = COALESCE(synced_at, ?) WHERE id = ?`, at.UnixMilli(), id)
+	if err := found(res, err, id); err != nil {
+		return fail(ctx, fmt.Sprintf("mark key %q synced", id), err)
+	}
+	return nil
+}
+
+// Quarantine keeps the key from taking leases until until, as a cooldown:
+// status cooldown and cooldown_until at least until, unless the key is
+// disabled, pending or exhausted (it stays so). The broker uses it when the
+// lease store lost the key's state: leases it no longer knows of may still
+// be in use until then. It returns the key as updated, without its secret;
+// a missing key is ErrNotFound.
+func (s *SQL) Quarantine(ctx context.Context, id string, until, now time.Time) (Key, error) {
+	var k Key
+	err := s.inTx(ctx, fmt.Sprintf("quarantine key %q", id), func(tx *sql.Tx) error {
+		ms := until.UnixMilli()
+		res, err := tx.ExecContext(ctx, `UPDATE catalog_keys SET
+			status = CASE WHEN status IN (?, ?, ?) THEN ? ELSE status END,
+			cooldown_until = CASE WHEN cooldown_until IS NULL OR cooldown_until < ? THEN ? ELSE cooldown_until END,
+			updated_at = ?
+		WHERE id = ?`,
+			string(optimistic.StatusAvailable), string(optimistic.StatusRateLimited), string(optimistic.StatusCooldown),
+			string(optimistic.StatusCooldown), ms, ms, now.UnixMilli(), id)
+		if err := found(res, err, id); err != nil {
+			return err
+		}
+		k, err = getKey(ctx, tx, id, false)
+		return err
+	})
+	return k, err
+}
+
 // RecoverCooldown makes the key available again if it is rate_limited or
 // cooldown and its cooldown_until is set and not after now, and reports
 // whether it did. It is one conditional UPDATE, so concurrent brokers

@@ -213,3 +213,45 @@ func TestReportCountsOncePerLease(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, int64(3), k.Successes)
 }
+
+func TestMarkSyncedKeepsTheFirstTime(t *testing.T) {
+	c, _ := newCatalog(t)
+	put(t, c, testKey("k1"))
+	require.True(t, get(t, c, "k1").SyncedAt.IsZero())
+	require.NoError(t, c.MarkSynced(t.Context(), "k1", t0))
+	require.NoError(t, c.MarkSynced(t.Context(), "k1", t0.Add(time.Hour)))
+	require.Equal(t, t0, get(t, c, "k1").SyncedAt)
+	put(t, c, testKey("k1"))
+	require.Equal(t, t0, get(t, c, "k1").SyncedAt, "an admin upsert keeps it")
+	require.ErrorIs(t, c.MarkSynced(t.Context(), "nope", t0), catalog.ErrNotFound)
+}
+
+func TestQuarantine(t *testing.T) {
+	tests := []struct {
+		name       string
+		status     optimistic.Status
+		cooldown   time.Time
+		wantStatus optimistic.Status
+		wantUntil  time.Time
+	}{
+		{"available", optimistic.StatusAvailable, time.Time{}, optimistic.StatusCooldown, t0.Add(time.Hour)},
+		{"rate limited, shorter", optimistic.StatusRateLimited, t0.Add(time.Minute), optimistic.StatusCooldown, t0.Add(time.Hour)},
+		{"cooling, longer", optimistic.StatusCooldown, t0.Add(2 * time.Hour), optimistic.StatusCooldown, t0.Add(2 * time.Hour)},
+		{"disabled stays disabled", optimistic.StatusDisabled, time.Time{}, optimistic.StatusDisabled, t0.Add(time.Hour)},
+	}
+	c, _ := newCatalog(t)
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			k := testKey(fmt.Sprintf("k%d", i))
+			k.Status, k.CooldownUntil = tt.status, tt.cooldown
+			put(t, c, k)
+			got, err := c.Quarantine(t.Context(), k.ID, t0.Add(time.Hour), t0)
+			require.NoError(t, err)
+			require.Equal(t, tt.wantStatus, got.Status)
+			require.Equal(t, tt.wantUntil, got.CooldownUntil)
+			require.False(t, got.Usable(t0.Add(time.Hour-time.Millisecond)))
+		})
+	}
+	_, err := c.Quarantine(t.Context(), "nope", t0, t0)
+	require.ErrorIs(t, err, catalog.ErrNotFound)
+}

@@ -55,6 +55,10 @@ type Key struct {
 	RateLimitHits     int64
 	CreatedAt         time.Time
 	UpdatedAt         time.Time
+	// SyncedAt is when the key first reached the lease store (MarkSynced);
+	// zero if it never did. A key the store lacks although it had it means
+	// the store lost state.
+	SyncedAt time.Time
 }
 
 // Supports reports whether the key serves the canonical model.

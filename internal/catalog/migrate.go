@@ -51,4 +51,6 @@ var schema = sqlitex.Schema{Table: "catalog_schema", Steps: [][]string{
 		)`,
 		`CREATE INDEX catalog_reports_reported_at ON catalog_reports (reported_at)`,
 	},
+	// synced_at: when the key first reached the lease store (MarkSynced).
+	{`ALTER TABLE catalog_keys ADD COLUMN synced_at BIGINT`},
 }}

@@ -30,6 +30,9 @@ type Server struct {
 	// Cluster reports whether the server runs in cluster mode, owning all
 	// 16384 slots.
 	Cluster bool
+	bin     string
+	dir     string
+	port    int
 	cmd     *exec.Cmd
 	exited  chan struct{}
 }
@@ -95,7 +98,10 @@ func launch(bin, dir string, port int, cluster bool) (*Server, error) {
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start %s: %w", bin, err)
 	}
-	s := &Server{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), Cluster: cluster, cmd: cmd, exited: make(chan struct{})}
+	s := &Server{
+		Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), Cluster: cluster,
+		bin: bin, dir: dir, port: port, cmd: cmd, exited: make(chan struct{}),
+	}
 	go func() {
 		_ = cmd.Wait()
 		close(s.exited)
@@ -134,6 +140,10 @@ func (s *Server) waitReady(dir string) error {
 // claimSlots gives the single node every slot and waits for the cluster to
 // say ok.
 func claimSlots(ctx context.Context, rdb *redis.Client) error {
+	// A restarted node read its slots back from nodes.conf.
+	if info, err := rdb.ClusterInfo(ctx).Result(); err == nil && strings.Contains(info, "cluster_state:ok") {
+		return nil
+	}
 	if err := rdb.Do(ctx, "cluster", "addslotsrange", 0, 16383).Err(); err != nil {
 		return fmt.Errorf("cluster addslotsrange: %w", err)
 	}
@@ -156,6 +166,24 @@ func lastLines(s string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, " | ")
+}
+
+// Restart kills the server and starts a new one on the same port and
+// directory, as a crash and a supervisor's restart would: with persistence
+// off it comes back empty. The caller must Stop the new one.
+func (s *Server) Restart() (*Server, error) {
+	s.Stop()
+	var last error
+	// The port may linger a moment after the kill.
+	for range 50 {
+		n, err := launch(s.bin, s.dir, s.port, s.Cluster)
+		if err == nil {
+			return n, nil
+		}
+		last = err
+		time.Sleep(100 * time.Millisecond)
+	}
+	return nil, last
 }
 
 // Stop kills the server and waits for it to exit. Clients see connection

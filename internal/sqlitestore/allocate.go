@@ -72,7 +72,7 @@ func claim(ctx context.Context, tx *sql.Tx, req optimistic.AllocateRequest, leas
 			c.free = earliest(c.free, k.freeAt(now))
 			continue
 		}
-		until, fence := now+req.TTL.Milliseconds(), k.fence+1
+		until, fence := now+req.TTL.Milliseconds(), optimistic.NextFence(k.fence, now)
 		if _, err := tx.ExecContext(ctx,
 			`INSERT INTO lease_leases (id, key_id, provider, pool, until) VALUES (?, ?, ?, ?, ?)`,
 			leaseID, id, req.Provider, req.Pool, until); err != nil {

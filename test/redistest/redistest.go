@@ -37,6 +37,19 @@ func start(t testing.TB, cluster bool) *Server {
 	return &Server{s}
 }
 
+// Restart kills the server and starts it again on the same port, empty
+// (no persistence), as a crash and a restart would; the new one stops when
+// t ends. Clients of the old one reconnect to it.
+func (s *Server) Restart(t testing.TB) *Server {
+	t.Helper()
+	n, err := s.Server.Restart()
+	if err != nil {
+		t.Fatalf("redistest: restart: %v", err)
+	}
+	t.Cleanup(n.Stop)
+	return &Server{n}
+}
+
 // Client returns a client of the server, closed when t ends. For a cluster
 // server it is a *redis.ClusterClient.
 func (s *Server) Client(t testing.TB) redis.UniversalClient {
