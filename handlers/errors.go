@@ -102,13 +102,20 @@ func failErr(c *gin.Context, err error) {
 
 // retryAfter is whole seconds from now until err says to try again, at
 // least 1; false when nothing frees up by itself (e.g. all keys disabled).
+// A pool full of held leases says 1: holders release whenever they are
+// done, usually long before their leases end, so the lease's end would
+// keep callers waiting for slots that are free. A cooldown's end is exact.
 func retryAfter(err error, now time.Time) (int, bool) {
 	var full *optimistic.CapacityError
 	if errors.As(err, &full) {
 		if full.FreeAt.IsZero() {
 			return 0, false
 		}
-		return max(1, int(math.Ceil(full.FreeAt.Sub(now).Seconds()))), true
+		secs := max(1, int(math.Ceil(full.FreeAt.Sub(now).Seconds())))
+		if full.Held {
+			secs = 1
+		}
+		return secs, true
 	}
 	return 1, true
 }

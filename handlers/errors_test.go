@@ -54,6 +54,7 @@ func TestRetryAfter(t *testing.T) {
 		ok   bool
 	}{
 		{&optimistic.CapacityError{FreeAt: now.Add(2500 * time.Millisecond)}, 3, true},
+		{&optimistic.CapacityError{FreeAt: now.Add(35 * time.Second), Held: true}, 1, true},
 		{&optimistic.CapacityError{FreeAt: now.Add(-time.Second)}, 1, true},
 		{&optimistic.CapacityError{}, 0, false},
 		{optimistic.ErrContended, 1, true},

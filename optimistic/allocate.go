@@ -58,6 +58,7 @@ type allocation struct {
 
 	todo    []string // candidates for the next pass, in order
 	free    int64    // earliest free-up (ms) among skipped candidates, 0 if none
+	held    bool     // free is a held lease's end
 	pending string   // candidate on which an EXEC with leaseID may have committed
 	lease   Lease
 }
@@ -110,7 +111,7 @@ func (a *allocation) pass(ctx context.Context) error {
 	if a.todo = aside; len(aside) > 0 {
 		return fmt.Errorf("%w: every candidate left was contended", ErrConflict)
 	}
-	return &CapacityError{FreeAt: fromMillis(a.free)}
+	return &CapacityError{FreeAt: fromMillis(a.free), Held: a.held}
 }
 
 // verdict is what one read-decide round on a candidate found. The WATCH
@@ -124,6 +125,7 @@ type verdict struct {
 	fence   int64
 	pruned  int   // expired leases the commit removed
 	free    int64 // skipped: when it frees up (ms), 0 if never by itself
+	held    bool  // free is when a held lease ends
 	unknown bool  // the commit's reply was lost: it may have landed
 }
 
@@ -151,8 +153,9 @@ func (a *allocation) try(ctx context.Context, keyID string, wait bool) (granted 
 	if v.unknown {
 		a.pending = keyID
 	}
-	if v.free != 0 {
-		a.free = earliest(a.free, v.free)
+	if v.free != 0 && (a.free == 0 || v.free <= a.free) {
+		a.held = v.held || (v.free == a.free && a.held)
+		a.free = v.free
 	}
 	if v.granted {
 		a.grant(keyID, v.until, v.fence)
@@ -181,7 +184,8 @@ func (a *allocation) decide(ctx context.Context, t *txn, keyID string) (verdict,
 		return v, err
 	}
 	v.read = true
-	now := clock.Val().UnixMilli()
+	clockNow := clock.Val()
+	now := clockNow.UnixMilli()
 	k := parseKey(hash.Val())
 	ls := splitLeases(leases.Val(), now)
 	if until, ok := liveScore(leases.Val(), a.leaseID, now); ok {
@@ -199,10 +203,11 @@ func (a *allocation) decide(ctx context.Context, t *txn, keyID string) (verdict,
 	}
 	if !Usable(k.status, k.cooldown, now) || ls.live >= k.limit {
 		v.free = freeAt(k, ls, now)
+		v.held = ls.live >= k.limit && v.free == ls.first
 		return v, nil
 	}
 	until := now + a.req.TTL.Milliseconds()
-	fence := NextFence(k.fence, now)
+	fence := NextFence(k.fence, clockNow)
 	err = t.commit(ctx, func(p redis.Pipeliner) {
 		if len(ls.expired) > 0 {
 			members := make([]any, len(ls.expired))

@@ -54,7 +54,7 @@ func TestDecideLeavesCallStateAlone(t *testing.T) {
 
 	a, st := newCall("0f8fad5b-d9cb-469f-a165-70867728950e")
 	v := decideOn(a, "full")
-	require.Equal(t, verdict{read: true, free: held.Until.UnixMilli()}, v, "skipped: when it frees up")
+	require.Equal(t, verdict{read: true, free: held.Until.UnixMilli(), held: true}, v, "skipped: when its lease ends")
 	untouched(a, st)
 
 	v = decideOn(a, "free")

@@ -53,6 +53,10 @@ type CapacityError struct {
 	// of a skipped candidate expires or its cooldown ends. Zero means none of
 	// the candidates frees up by itself (all missing, disabled, or similar).
 	FreeAt time.Time
+	// Held says FreeAt is when a held lease ends. Holders usually release
+	// well before, so a slot may free up at any moment: retry soon. When
+	// false, FreeAt is a cooldown's end, which nothing brings forward.
+	Held bool
 }
 
 // Error says no slot was free, and when one may free up if known.

@@ -48,9 +48,9 @@ func (s *Store) Holds(ctx context.Context, ref LeaseRef) (time.Time, error) {
 	if err != nil {
 		return time.Time{}, Classify(ctx, "holds", err)
 	}
-	until, err := s.holder(ctx, rdb, ref)
+	_, until, err := s.holder(ctx, rdb, ref)
 	if isRedirect(err) {
-		until, err = s.holder(ctx, s.rdb, ref)
+		_, until, err = s.holder(ctx, s.rdb, ref)
 	}
 	if err != nil {
 		return time.Time{}, Classify(ctx, "holds", err)
@@ -59,31 +59,32 @@ func (s *Store) Holds(ctx context.Context, ref LeaseRef) (time.Time, error) {
 }
 
 // holder reads whether ref holds a live lease, by the clock of the node
-// that owns it, and returns its expiry (ms).
-func (s *Store) holder(ctx context.Context, rdb redis.UniversalClient, ref LeaseRef) (int64, error) {
+// that owns it, and returns that clock's now and the lease's expiry (ms).
+func (s *Store) holder(ctx context.Context, rdb redis.UniversalClient, ref LeaseRef) (now, until int64, err error) {
 	var (
 		clock  *redis.TimeCmd
 		record *redis.SliceCmd
 		score  *redis.FloatCmd
 	)
-	_, err := rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+	_, err = rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		clock = p.Time(ctx)
 		record = p.HMGet(ctx, s.keys.Lease(ref.KeyID, ref.LeaseID), recordFields...)
 		score = p.ZScore(ctx, s.keys.Leases(ref.KeyID), ref.LeaseID)
 		return nil
 	})
 	if err != nil && !errors.Is(err, redis.Nil) {
-		return 0, err
+		return 0, 0, err
 	}
-	if err := checkHolder(ref, record.Val(), score, clock.Val().UnixMilli()); err != nil {
-		return 0, err
+	now = clock.Val().UnixMilli()
+	if err := checkHolder(ref, record.Val(), score, now); err != nil {
+		return 0, 0, err
 	}
-	return int64(score.Val()), nil
+	return now, int64(score.Val()), nil
 }
 
 func (s *Store) release(ctx context.Context, rdb redis.UniversalClient, ref LeaseRef) error {
 	leasesKey, recordKey := s.keys.Leases(ref.KeyID), s.keys.Lease(ref.KeyID, ref.LeaseID)
-	if _, err := s.holder(ctx, rdb, ref); err != nil {
+	if _, _, err := s.holder(ctx, rdb, ref); err != nil {
 		return err
 	}
 	// No WATCH needed: the lease id is unique, so these writes can only hit
@@ -108,6 +109,14 @@ func (s *Store) release(ctx context.Context, rdb redis.UniversalClient, ref Leas
 // (ErrLeaseLost, ErrLeaseMismatch) and is never recreated. On error nothing
 // is written. Renew does not take the key's gate (see Allocate): a
 // heartbeat never queues behind this process's allocations.
+//
+// It needs no WATCH, so it never conflicts: a renewal on a hot key never
+// fails as contended. The lease id is unique and ZADD XX only updates a
+// member still there: a lease released or pruned since the read stays
+// gone. One that expires between the read and the write may be extended,
+// which is safe: an allocator that counted it expired either pruned it
+// first (the write then finds nothing) or watches the lease ZSET, so the
+// write aborts its EXEC and it reads again.
 func (s *Store) Renew(ctx context.Context, ref LeaseRef, ttl time.Duration) (time.Time, error) {
 	if err := ref.Validate(); err != nil {
 		return time.Time{}, err
@@ -115,41 +124,44 @@ func (s *Store) Renew(ctx context.Context, ref LeaseRef, ttl time.Duration) (tim
 	if err := CheckTTL(ttl); err != nil {
 		return time.Time{}, err
 	}
-	leasesKey, recordKey := s.keys.Leases(ref.KeyID), s.keys.Lease(ref.KeyID, ref.LeaseID)
-	var until int64
-	err := s.retry(ctx, func() error {
-		// Watch the lease ZSET only: a prune or release of this lease writes
-		// it, and the key HASH has nothing renew depends on.
-		return s.watch(ctx, []string{leasesKey}, func(t *txn) error {
-			var (
-				clock  *redis.TimeCmd
-				record *redis.SliceCmd
-				score  *redis.FloatCmd
-			)
-			err := t.read(ctx, func(p redis.Pipeliner) {
-				clock = p.Time(ctx)
-				record = p.HMGet(ctx, recordKey, recordFields...)
-				score = p.ZScore(ctx, leasesKey, ref.LeaseID)
-			})
-			if err != nil && !errors.Is(err, redis.Nil) {
-				return err
-			}
-			now := clock.Val().UnixMilli()
-			if err := checkHolder(ref, record.Val(), score, now); err != nil {
-				return err
-			}
-			until = now + ttl.Milliseconds()
-			return t.commit(ctx, func(p redis.Pipeliner) {
-				p.ZAddXX(ctx, leasesKey, redis.Z{Score: float64(until), Member: ref.LeaseID})
-				p.HSet(ctx, recordKey, rs.FieldUntil, until)
-				p.PExpireAt(ctx, recordKey, fromMillis(until).Add(s.opts.RecordGrace))
-			})
-		})
-	})
+	rdb, err := s.owner(ctx, s.keys.Leases(ref.KeyID))
+	if err != nil {
+		return time.Time{}, Classify(ctx, "renew", err)
+	}
+	until, err := s.renew(ctx, rdb, ref, ttl)
+	if isRedirect(err) {
+		until, err = s.renew(ctx, s.rdb, ref, ttl)
+	}
 	if err != nil {
 		return time.Time{}, Classify(ctx, "renew", err)
 	}
 	return fromMillis(until), nil
+}
+
+func (s *Store) renew(ctx context.Context, rdb redis.UniversalClient, ref LeaseRef, ttl time.Duration) (int64, error) {
+	leasesKey, recordKey := s.keys.Leases(ref.KeyID), s.keys.Lease(ref.KeyID, ref.LeaseID)
+	now, _, err := s.holder(ctx, rdb, ref)
+	if err != nil {
+		return 0, err
+	}
+	until := now + ttl.Milliseconds()
+	var score *redis.FloatCmd
+	_, err = rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.ZAddXX(ctx, leasesKey, redis.Z{Score: float64(until), Member: ref.LeaseID})
+		score = p.ZScore(ctx, leasesKey, ref.LeaseID)
+		p.HSet(ctx, recordKey, rs.FieldUntil, until)
+		p.PExpireAt(ctx, recordKey, fromMillis(until).Add(s.opts.RecordGrace))
+		return nil
+	})
+	if errors.Is(err, redis.Nil) {
+		// Gone since the read: the HSET made a stray record of it.
+		_ = rdb.Del(context.WithoutCancel(ctx), recordKey).Err()
+		return 0, fmt.Errorf("%w: lease %s expired", ErrLeaseLost, ref.LeaseID)
+	}
+	if err != nil {
+		return 0, err
+	}
+	return int64(score.Val()), nil
 }
 
 // checkHolder says whether ref holds a live lease, given its record (HMGET

@@ -108,15 +108,15 @@ func FreeAt(status Status, cooldownUntil string, limit, live int, first, now int
 	return max(cd, full)
 }
 
-// NextFence is the fencing token a grant at now (ms, the store's clock)
-// hands out after last, the key's previous one: one more than last, but
-// never below now*1000. The clock part makes tokens survive what the
+// NextFence is the fencing token a grant at now (the store's clock) hands
+// out after last, the key's previous one: the clock in microseconds, or one
+// more than last if that is not higher (two grants in one microsecond, or a
+// clock that went back). The clock part makes tokens survive what a
 // counter does not: a store that lost the key (a restart without
 // persistence, a flush) or a DeleteKey starts again above every token it
-// gave before, as long as its clock has not gone back. Up to 1000 grants a
-// millisecond stay exact, and tokens stay below 2^53, exact in JSON and
-// in Lua, until the year 2255.
-func NextFence(last, now int64) int64 { return max(last+1, now*1000) }
+// gave before, as long as its clock has not gone back meanwhile. Tokens
+// stay below 2^53, exact in JSON and in Lua, until the year 2255.
+func NextFence(last int64, now time.Time) int64 { return max(last+1, now.UnixMicro()) }
 
 func parseMillis(s string) (int64, bool) {
 	n, err := strconv.ParseInt(s, 10, 64)

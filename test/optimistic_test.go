@@ -2,6 +2,7 @@ package test
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -82,4 +83,45 @@ func TestOptimisticConformanceRing(t *testing.T) {
 
 func TestOptimisticStress(t *testing.T) {
 	leasetest.Stress(t, func(t *testing.T) leasetest.Backend { return redisBackend(t, standalone, newOptimistic) }, 3*time.Second)
+}
+
+// A heartbeat never fails as contended, however hot the key: Renew writes
+// without WATCH. The store here allows a single conflict retry, so a
+// renewal that could conflict would soon run out.
+func TestRenewNeverContends(t *testing.T) {
+	rdb := redistest.Start(t).Client(t)
+	store, err := optimistic.New(rdb, &optimistic.Options{MaxRetries: 1})
+	require.NoError(t, err)
+	ctx := t.Context()
+	require.NoError(t, store.SyncKey(ctx, optimistic.KeyState{ID: "hot", Provider: "openai", Pool: "default", Status: optimistic.StatusAvailable, MaxConcurrentUses: 2}))
+	req := optimistic.AllocateRequest{Provider: "openai", Pool: "default", Candidates: []string{"hot"}, TTL: time.Minute}
+	held, _, err := store.Allocate(ctx, req)
+	require.NoError(t, err)
+
+	// Churn on the other slot from a second store, as another process
+	// would: its grants and releases write the lease ZSET all the time.
+	other, err := optimistic.New(rdb, nil)
+	require.NoError(t, err)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if l, _, err := other.Allocate(ctx, req); err == nil {
+					_ = other.Release(ctx, l.LeaseRef)
+				}
+			}
+		})
+	}
+	for i := range 300 {
+		_, err := store.Renew(ctx, held.LeaseRef, time.Minute)
+		require.NoError(t, err, "renewal %d", i)
+	}
+	close(stop)
+	wg.Wait()
 }

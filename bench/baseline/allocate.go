@@ -26,7 +26,10 @@ func (s *Store) Allocate(ctx context.Context, req optimistic.AllocateRequest) (o
 	}
 	// One lease id per call: a resent run recognises its own grant by it.
 	leaseID := uuid.NewString()
-	var free int64
+	var (
+		free int64
+		held bool // free is when a held lease ends
+	)
 	for _, keyID := range req.Candidates {
 		st.Attempts++
 		res, err := s.claim(ctx, req, keyID, leaseID)
@@ -41,11 +44,12 @@ func (s *Store) Allocate(ctx context.Context, req optimistic.AllocateRequest) (o
 				Fence:    res[2],
 			}, st, nil
 		}
-		if at := res[1]; at != 0 && (free == 0 || at < free) {
+		if at := res[1]; at != 0 && (free == 0 || at <= free) {
+			held = res[2] == 1 || (at == free && held)
 			free = at
 		}
 	}
-	ce := &optimistic.CapacityError{}
+	ce := &optimistic.CapacityError{Held: held}
 	if free != 0 {
 		ce.FreeAt = time.UnixMilli(free)
 	}
@@ -53,7 +57,7 @@ func (s *Store) Allocate(ctx context.Context, req optimistic.AllocateRequest) (o
 }
 
 // claim runs allocate.lua on one candidate: {1, lease_until, fence, pruned}
-// on a grant, else {0, free_at}.
+// on a grant, else {0, free_at, held}.
 func (s *Store) claim(ctx context.Context, req optimistic.AllocateRequest, keyID, leaseID string) ([]int64, error) {
 	keys := []string{s.keys.Key(keyID), s.keys.Leases(keyID), s.keys.Lease(keyID, leaseID)}
 	return allocateScript.Run(ctx, s.rdb, keys,

@@ -15,8 +15,9 @@
 --          records of pruned leases are named from it and so share KEYS[1]'s
 --          hash tag and slot
 --
--- Returns {1, lease_until, fence, pruned} on a grant, else {0, free_at}: the earliest
--- ms at which the key may grant, 0 if it never frees up by itself.
+-- Returns {1, lease_until, fence, pruned} on a grant, else {0, free_at, held}:
+-- the earliest ms at which the key may grant (0 if it never frees up by
+-- itself), and 1 if that is when a held lease ends, else 0.
 
 local now = now_ms()
 local leases, lease_id = KEYS[2], ARGV[4]
@@ -31,7 +32,7 @@ end
 local k = redis.call('HMGET', KEYS[1], 'provider', 'pool', 'status', 'cooldown_until', 'max_concurrent_uses', 'fence')
 -- Membership is the key HASH's, in this slot; the pool ZSET is elsewhere.
 if k[1] ~= ARGV[2] or k[2] ~= ARGV[3] then
-	return {0, 0}
+	return {0, 0, 0}
 end
 local status, ok = k[3], usable(k[3], k[4], now)
 local limit = parse_limit(k[5])
@@ -48,7 +49,7 @@ if ok and live < limit then
 	local expiry = now + tonumber(ARGV[5])
 	-- optimistic.NextFence; formatted as an integer, since Redis would write
 	-- a Lua number this large in exponent notation.
-	local fence = string.format('%.0f', math.max((int(k[6]) or 0) + 1, now * 1000))
+	local fence = string.format('%.0f', math.max((int(k[6]) or 0) + 1, now_us()))
 	redis.call('ZADD', leases, expiry, lease_id)
 	redis.call('HSET', KEYS[3], 'key_id', ARGV[1], 'provider', ARGV[2], 'pool', ARGV[3],
 		'lease_until', expiry, 'fence', fence)
@@ -64,10 +65,13 @@ if live >= limit then
 	first = tonumber(redis.call('ZRANGEBYSCORE', leases, '(' .. now, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)[2])
 end
 if ok then
-	return {0, first} -- usable but full
+	return {0, first, 1} -- usable but full
 end
 local cd = int(k[4])
 if cd == nil or (status ~= 'rate_limited' and status ~= 'cooldown') then
-	return {0, 0}
+	return {0, 0, 0}
 end
-return {0, math.max(cd, first)}
+if first > 0 and first >= cd then
+	return {0, first, 1}
+end
+return {0, cd, 0}

@@ -7,6 +7,12 @@ local function now_ms()
 	return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
+-- now_us is that clock in microseconds (exact in a double until 2255).
+local function now_us()
+	local t = redis.call('TIME')
+	return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
 -- int parses a stored integer as Go's strconv.ParseInt does: optional sign,
 -- decimal digits, within int64 (Lua numbers are doubles, so the bounds
 -- themselves are approximate). Anything else, false (missing) included, is

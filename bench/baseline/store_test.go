@@ -78,11 +78,11 @@ func TestLuaFenceIsExact(t *testing.T) {
 	req := optimistic.AllocateRequest{Provider: "openai", Pool: "default", Candidates: []string{"k"}, TTL: time.Minute}
 	var last int64
 	for range 5 {
-		before := time.Now().UnixMilli()
+		before := time.Now().UnixMicro()
 		l, _, err := s.Allocate(ctx, req)
 		require.NoError(t, err)
 		require.Greater(t, l.Fence, last)
-		require.GreaterOrEqual(t, l.Fence, before*1000, "never below the clock part")
+		require.GreaterOrEqual(t, l.Fence, before, "never below the clock part")
 		stored, err := rdb.HGet(ctx, "credpool:key:{k}", "fence").Result()
 		require.NoError(t, err)
 		require.Equal(t, strconv.FormatInt(l.Fence, 10), stored, "stored as an exact integer")

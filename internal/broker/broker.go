@@ -294,7 +294,7 @@ func (b *Broker) allocate(ctx context.Context, req Request, model string) (Grant
 		serving   bool
 		contended bool
 		stuck     int // releases on full candidates that wait for the store
-		freeAt    time.Time
+		wait      optimistic.CapacityError // the soonest a slot frees up
 	)
 	for _, pool := range b.pools.Sequence(req.Pool) {
 		keys, err := b.catalog.List(ctx, req.Provider, pool)
@@ -305,7 +305,7 @@ func (b *Broker) allocate(ctx context.Context, req Request, model string) (Grant
 		cands, cooling, served := p.candidates(ctx, keys)
 		anyKey = anyKey || len(keys) > 0
 		serving = serving || served
-		freeAt = earliest(freeAt, cooling)
+		wait = sooner(wait, optimistic.CapacityError{FreeAt: cooling})
 		if len(cands) == 0 {
 			continue
 		}
@@ -315,7 +315,7 @@ func (b *Broker) allocate(ctx context.Context, req Request, model string) (Grant
 		case err == nil:
 			return g, nil
 		case errors.As(err, &full):
-			freeAt = earliest(freeAt, full.FreeAt)
+			wait = sooner(wait, *full)
 			stuck += b.backlog.stuck(ids(cands)...)
 		case errors.Is(err, optimistic.ErrContended):
 			// A hot pool is no reason to skip its fallbacks.
@@ -336,11 +336,11 @@ func (b *Broker) allocate(ctx context.Context, req Request, model string) (Grant
 		return Grant{Stats: g.Stats}, fmt.Errorf("%w: %d releases on these keys wait for the store to recover", optimistic.ErrStore, stuck)
 	case contended:
 		return Grant{Stats: g.Stats}, fmt.Errorf("%w: provider %s, pools %v", optimistic.ErrContended, req.Provider, pools)
-	case freeAt.IsZero():
+	case wait.FreeAt.IsZero():
 		// Full would be a lie: nothing frees up until an operator acts.
 		return Grant{Stats: g.Stats}, fmt.Errorf("%w: no key of provider %s in pools %v that serves model %s is usable (all disabled, pending or exhausted)", ErrPolicy, req.Provider, pools, model)
 	}
-	return Grant{Stats: g.Stats}, &optimistic.CapacityError{FreeAt: freeAt}
+	return Grant{Stats: g.Stats}, &wait
 }
 
 func ids(keys []catalog.Key) []string {
@@ -379,6 +379,20 @@ func catalogErr(ctx context.Context, op string, err error) error {
 		return errors.Join(fmt.Errorf("broker: %s: %w", op, err), ctx.Err())
 	}
 	return fmt.Errorf("%w: %s: %w", ErrCatalog, op, err)
+}
+
+// sooner is the capacity answer that frees up first: the earlier FreeAt
+// (zero is none), and whether that is a held lease's end.
+func sooner(a, b optimistic.CapacityError) optimistic.CapacityError {
+	switch {
+	case b.FreeAt.IsZero():
+		return a
+	case a.FreeAt.IsZero() || b.FreeAt.Before(a.FreeAt):
+		return b
+	case b.FreeAt.Equal(a.FreeAt):
+		a.Held = a.Held || b.Held
+	}
+	return a
 }
 
 func earliest(a, b time.Time) time.Time {

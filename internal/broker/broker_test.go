@@ -220,6 +220,7 @@ func TestCapacityErrorFreeAt(t *testing.T) {
 			}
 			_, err := b.Allocate(t.Context(), req("vip"))
 			require.Equal(t, want.UnixMilli(), capacityError(t, err).FreeAt.UnixMilli())
+			require.True(t, capacityError(t, err).Held, "a held lease may end sooner")
 			require.Equal(t, 1, e.live(t, "v"))
 			require.Equal(t, 1, e.live(t, "d"))
 		})
@@ -233,6 +234,7 @@ func TestCapacityErrorFreeAt(t *testing.T) {
 		hold(t, b, "default", time.Hour)
 		_, err := b.Allocate(t.Context(), req("vip"))
 		require.Equal(t, cooling.CooldownUntil.UnixMilli(), capacityError(t, err).FreeAt.UnixMilli())
+		require.False(t, capacityError(t, err).Held, "a cooldown's end is exact")
 		require.Zero(t, e.live(t, "v"), "a cooling key is not offered to the store")
 	})
 

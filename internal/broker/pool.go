@@ -99,7 +99,8 @@ func (p *poolRun) allocate(ctx context.Context, cands []catalog.Key) error {
 		}
 		var full *optimistic.CapacityError
 		if errors.As(err, &full) {
-			return &optimistic.CapacityError{FreeAt: earliest(full.FreeAt, p.cooling)}
+			wait := sooner(*full, optimistic.CapacityError{FreeAt: p.cooling})
+			return &wait
 		}
 		if err != nil {
 			return err

@@ -60,8 +60,9 @@ func (p Policy) withDefaults() Policy {
 // Do runs op until it returns nil or an error for which again returns
 // false, pausing between tries. It returns nil, op's last error (a
 // permanent one, or a retryable one once the budget is spent), or, when
-// ctx ends during a pause, op's last error joined with ctx's, so the
-// caller sees both why it was retrying and why it stopped. A ctx that has ended before the first
+// ctx ends the call (during a pause or during a try), ctx's error joined
+// with op's last error and its last retryable one, so the caller sees both
+// why it was retrying and why it stopped. A ctx that has ended before the first
 // try still lets op run once: op decides what a dead ctx means.
 //
 // The backoff is built per call: backoff.ExponentialBackOff must not be
@@ -75,17 +76,25 @@ func Do(ctx context.Context, p Policy, again func(error) bool, op func() error) 
 		backoff.WithMultiplier(2),
 		backoff.WithRandomizationFactor(0.5),
 	)
-	var last error
+	var last, cause error // op's last error, and its last retryable one
 	err := backoff.RetryNotify(func() error {
 		last = op()
 		if last == nil || again(last) {
+			if last != nil {
+				cause = last
+			}
 			return last
 		}
 		return backoff.Permanent(last)
 	}, backoff.WithContext(backoff.WithMaxRetries(b, uint64(p.MaxRetries)), ctx), p.OnRetry)
-	// backoff returns ctx.Err() alone when ctx ends during a pause.
-	if err != nil && last != nil && !errors.Is(err, last) {
-		return errors.Join(last, err)
+	// When ctx ended the call (backoff then returns ctx.Err() alone, or op
+	// its own ctx error), keep why it was retrying as well.
+	if err != nil && ctx.Err() != nil {
+		for _, e := range []error{last, cause} {
+			if e != nil && !errors.Is(err, e) {
+				err = errors.Join(e, err)
+			}
+		}
 	}
 	return err
 }

@@ -3,6 +3,7 @@ package retry_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -91,4 +92,35 @@ func TestDoDefaultRetries(t *testing.T) {
 	})
 	require.ErrorIs(t, err, errBusy)
 	require.Equal(t, 11, tries)
+}
+
+// A ctx that ends during a try (op then fails with ctx's error, not a
+// retryable one) still leaves the earlier cause in the error.
+func TestDoKeepsCauseWhenCtxEndsInATry(t *testing.T) {
+	ctx, cancel := context.WithCancel(t.Context())
+	tries := 0
+	err := retry.Do(ctx, fast, busy, func() error {
+		tries++
+		if tries == 1 {
+			return errBusy
+		}
+		cancel()
+		return fmt.Errorf("query: %w", ctx.Err())
+	})
+	require.ErrorIs(t, err, errBusy)
+	require.ErrorIs(t, err, context.Canceled)
+}
+
+// A permanent failure after a retryable one is that failure alone: the
+// earlier conflict must not make a broken store look contended.
+func TestDoPermanentAfterRetryIsNotTheCause(t *testing.T) {
+	tries := 0
+	err := retry.Do(t.Context(), fast, busy, func() error {
+		if tries++; tries == 1 {
+			return errBusy
+		}
+		return errBroken
+	})
+	require.ErrorIs(t, err, errBroken)
+	require.NotErrorIs(t, err, errBusy)
 }

@@ -3,6 +3,7 @@ package sqlitestore
 import (
 	"context"
 	"database/sql"
+	"time"
 
 	"github.com/google/uuid"
 
@@ -36,7 +37,7 @@ func (s *Store) Allocate(ctx context.Context, req optimistic.AllocateRequest) (o
 	case err != nil:
 		return optimistic.Lease{}, st, classify(ctx, "allocate", err)
 	case c.lease.KeyID == "":
-		return optimistic.Lease{}, st, &optimistic.CapacityError{FreeAt: fromMillis(c.free)}
+		return optimistic.Lease{}, st, &optimistic.CapacityError{FreeAt: fromMillis(c.free), Held: c.held}
 	}
 	return c.lease, st, nil
 }
@@ -47,6 +48,7 @@ func (s *Store) Allocate(ctx context.Context, req optimistic.AllocateRequest) (o
 type claimed struct {
 	lease  optimistic.Lease
 	free   int64
+	held   bool // free is when a held lease ends
 	pruned int
 }
 
@@ -69,10 +71,15 @@ func claim(ctx context.Context, tx *sql.Tx, req optimistic.AllocateRequest, leas
 			continue
 		}
 		if !k.canGrant(now) {
-			c.free = earliest(c.free, k.freeAt(now))
+			if at := k.freeAt(now); at != 0 && (c.free == 0 || at <= c.free) {
+				c.held = (k.live >= k.limit && at == k.first) || (at == c.free && c.held)
+				c.free = at
+			}
 			continue
 		}
-		until, fence := now+req.TTL.Milliseconds(), optimistic.NextFence(k.fence, now)
+		// The clock again, for microseconds: under the write lock, so still
+		// after every grant committed before this one.
+		until, fence := now+req.TTL.Milliseconds(), optimistic.NextFence(k.fence, time.Now())
 		if _, err := tx.ExecContext(ctx,
 			`INSERT INTO lease_leases (id, key_id, provider, pool, until) VALUES (?, ?, ?, ?, ?)`,
 			leaseID, id, req.Provider, req.Pool, until); err != nil {

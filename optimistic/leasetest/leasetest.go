@@ -134,6 +134,7 @@ var cases = []struct {
 	{"PassedCooldownRecovers", cooldownPassed},
 	{"CooldownNotPassedSkipped", cooldownPending},
 	{"EmptyCooldownSkipped", cooldownEmpty},
+	{"CapacityErrorSaysWhatFreesFirst", freesFirst},
 	{"BadLimitMeansOne", badLimit},
 	{"SyncMovesPool", syncMovesPool},
 	{"DeleteKeyLeavesNothing", deleteKey},
@@ -187,6 +188,7 @@ func limit2(t *testing.T, b Backend) {
 	mustAllocate(t, b, 2*longTTL, "k")
 	ce := requireNoCapacity(t, b, "k")
 	require.WithinDuration(t, first.Until, ce.FreeAt, time.Millisecond, "FreeAt is the earliest lease expiry")
+	require.True(t, ce.Held, "a held lease may end before FreeAt")
 }
 
 func expiryReclaims(t *testing.T, b Backend) {
@@ -352,6 +354,7 @@ func nonMember(t *testing.T, b Backend) {
 	}
 	ce := requireNoCapacity(t, b, "ghost", "elsewhere", "foreign")
 	require.True(t, ce.FreeAt.IsZero(), "nothing frees up by itself: %v", ce.FreeAt)
+	require.False(t, ce.Held)
 }
 
 func unusableSkipped(t *testing.T, b Backend) {
@@ -385,8 +388,27 @@ func cooldownPending(t *testing.T, b Backend) {
 		syncKeys(t, b, k)
 		ce := requireNoCapacity(t, b, k.ID)
 		require.True(t, k.CooldownUntil.Equal(ce.FreeAt), "%s: FreeAt %v, cooldown ends %v", st, ce.FreeAt, k.CooldownUntil)
+		require.False(t, ce.Held, "%s: a cooldown's end is no lease's", st)
 		require.Equal(t, st, info(t, b, k.ID).Status)
 	}
+}
+
+func freesFirst(t *testing.T, b Backend) {
+	cooling := key("cooling", 1)
+	cooling.Status, cooling.CooldownUntil = optimistic.StatusRateLimited, time.Now().Add(30*time.Second).Truncate(time.Millisecond)
+	syncKeys(t, b, cooling, key("full", 1))
+	l := mustAllocate(t, b, longTTL, "full")
+	ce := requireNoCapacity(t, b, "full", "cooling")
+	require.True(t, cooling.CooldownUntil.Equal(ce.FreeAt), "the cooldown ends first: %v", ce.FreeAt)
+	require.False(t, ce.Held)
+
+	short := key("short", 1)
+	syncKeys(t, b, short)
+	s := mustAllocate(t, b, 10*time.Second, "short")
+	ce = requireNoCapacity(t, b, "cooling", "short", "full")
+	require.True(t, s.Until.Equal(ce.FreeAt), "the short lease ends first: %v", ce.FreeAt)
+	require.True(t, ce.Held)
+	require.True(t, l.Until.After(ce.FreeAt))
 }
 
 func cooldownEmpty(t *testing.T, b Backend) {
