@@ -293,7 +293,7 @@ func (b *Broker) allocate(ctx context.Context, req Request, model string) (Grant
 		anyKey    bool
 		serving   bool
 		contended bool
-		stuck     int // releases on full candidates that wait for the store
+		stuck     int                      // releases on full candidates that wait for the store
 		wait      optimistic.CapacityError // the soonest a slot frees up
 	)
 	for _, pool := range b.pools.Sequence(req.Pool) {
