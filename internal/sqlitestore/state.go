@@ -73,11 +73,3 @@ func (k keyState) cooldownUntil() int64 {
 	cd, _ := strconv.ParseInt(k.cooldown, 10, 64)
 	return cd
 }
-
-// earliest returns the earlier of two ms instants, ignoring 0 (none).
-func earliest(a, b int64) int64 {
-	if a == 0 || (b != 0 && b < a) {
-		return b
-	}
-	return a
-}
