@@ -110,7 +110,9 @@ func startService(t *testing.T, o serviceOptions) *service {
 	db, err := sqlitex.Open(filepath.Join(o.dir, "credpool.db"))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = db.Close() })
-	cat, err := catalog.New(ctx, db)
+	sealer, err := catalog.NewSealer(bytes.Repeat([]byte{7}, 32))
+	require.NoError(t, err)
+	cat, err := catalog.New(ctx, db, &catalog.Options{Sealer: sealer})
 	require.NoError(t, err)
 	s := &service{db: db, cat: cat, logs: &syncBuffer{}}
 	name := "sqlite"
@@ -640,6 +642,9 @@ func TestHTTPSecretStaysInCatalog(t *testing.T) {
 	s.internal(t, "allocate-key", allocBody("default"))
 
 	require.Empty(t, s.redis.Find(t, secret), "secret in Redis")
+	var stored string
+	require.NoError(t, s.db.QueryRowContext(t.Context(), `SELECT secret FROM catalog_keys WHERE id = 'k'`).Scan(&stored))
+	require.NotContains(t, stored, secret, "secret in the clear in the catalog")
 	require.NotContains(t, s.logs.String(), secret, "secret in the logs")
 	require.Contains(t, s.logs.String(), g["lease_id"], "the logs do carry lease ids")
 	for _, path := range []string{"/metrics", "/api/admin/keys", "/api/admin/keys/k"} {

@@ -120,9 +120,22 @@ func serve(args []string) error {
 		return err
 	}
 	defer db.Close()
-	cat, err := catalog.New(ctx, db)
+	sealer, err := secretSealer(cfg)
 	if err != nil {
 		return err
+	}
+	cat, err := catalog.New(ctx, db, &catalog.Options{Sealer: sealer})
+	if err != nil {
+		return err
+	}
+	// Secrets written in the clear, or sealed with a key being rotated out,
+	// are sealed with the current key now.
+	sealed, err := cat.Rekey(ctx)
+	if err != nil {
+		return fmt.Errorf("seal secrets with the current key: %w", err)
+	}
+	if sealed > 0 {
+		log.Info("secrets sealed with the current key", "count", sealed)
 	}
 	st, err := openStore(ctx, cfg, db)
 	if err != nil {
@@ -289,6 +302,49 @@ func ensureKeys(cfg *serveConfig) error {
 		return errors.New("the internal and admin keys must differ")
 	}
 	return nil
+}
+
+// secretSealer reads the keys that seal secrets at rest from the
+// environment: CREDPOOL_SECRET_KEY seals, CREDPOOL_SECRET_KEYS_OLD (comma
+// separated) only opens, while a rotation is under way. In --dev mode a
+// missing key is generated once and kept beside the catalog file, so the
+// demo's secrets still open after a restart.
+func secretSealer(cfg serveConfig) (*catalog.Sealer, error) {
+	current, old := os.Getenv("CREDPOOL_SECRET_KEY"), os.Getenv("CREDPOOL_SECRET_KEYS_OLD")
+	if current == "" && cfg.dev {
+		var err error
+		if current, err = devSecretKey(cfg.db + ".key"); err != nil {
+			return nil, err
+		}
+	}
+	if current == "" {
+		return nil, errors.New("no secret key: set CREDPOOL_SECRET_KEY to 32 random bytes in base64 (openssl rand -base64 32); it seals the credentials in the catalog (or use --dev)")
+	}
+	s, err := catalog.ParseSealer(current, old)
+	if err != nil {
+		return nil, fmt.Errorf("CREDPOOL_SECRET_KEY or CREDPOOL_SECRET_KEYS_OLD: %w", err)
+	}
+	return s, nil
+}
+
+// devSecretKey reads the key in path, or writes a new one there (0600).
+func devSecretKey(path string) (string, error) {
+	b, err := os.ReadFile(path)
+	if err == nil {
+		return strings.TrimSpace(string(b)), nil
+	}
+	if !errors.Is(err, os.ErrNotExist) {
+		return "", fmt.Errorf("dev secret key: %w", err)
+	}
+	key, err := catalog.NewKey()
+	if err != nil {
+		return "", err
+	}
+	if err := os.WriteFile(path, []byte(key+"\n"), 0o600); err != nil {
+		return "", fmt.Errorf("dev secret key: %w", err)
+	}
+	fmt.Fprintf(os.Stderr, "dev mode: generated the secret key sealing the catalog's credentials in %s\n", path)
+	return key, nil
 }
 
 // parseWeights overrides broker.DefaultWeights with name=value pairs.

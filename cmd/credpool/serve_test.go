@@ -64,12 +64,22 @@ func TestServeRefusesWithoutKeys(t *testing.T) {
 	require.ErrorContains(t, err, "must differ")
 	err = serve([]string{"--db", filepath.Join(t.TempDir(), "x.db"), "--internal-key", "short", "--admin-key", adminK})
 	require.ErrorContains(t, err, "shorter than 16")
+
+	t.Setenv("CREDPOOL_SECRET_KEY", "")
+	err = serve([]string{"--db", filepath.Join(t.TempDir(), "x.db"), "--internal-key", internalK, "--admin-key", adminK})
+	require.ErrorContains(t, err, "no secret key")
+	t.Setenv("CREDPOOL_SECRET_KEY", "c2hvcnQ=")
+	err = serve([]string{"--db", filepath.Join(t.TempDir(), "x.db"), "--internal-key", internalK, "--admin-key", adminK})
+	require.ErrorContains(t, err, "CREDPOOL_SECRET_KEY")
+	require.NotContains(t, err.Error(), "c2hvcnQ=")
 }
 
 // Keys of the serve processes under test: long enough to be accepted.
 const (
 	internalK = "internal-key-0123456789"
 	adminK    = "admin-key-0123456789"
+	// secretK seals the catalog's secrets: 32 bytes, base64.
+	secretK = "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY="
 )
 
 // serveProcess is "credpool serve" running as a child process.
@@ -86,7 +96,7 @@ type serveProcess struct {
 func startServe(t *testing.T, env []string, args ...string) *serveProcess {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], append([]string{"serve", "--listen", "127.0.0.1:0"}, args...)...)
-	cmd.Env = append(append(os.Environ(), "CREDPOOL_TEST_MAIN=1", "CREDPOOL_REDIS_URL=", "CREDPOOL_INTERNAL_KEY=", "CREDPOOL_ADMIN_KEY="), env...)
+	cmd.Env = append(append(os.Environ(), "CREDPOOL_TEST_MAIN=1", "CREDPOOL_REDIS_URL=", "CREDPOOL_INTERNAL_KEY=", "CREDPOOL_ADMIN_KEY=", "CREDPOOL_SECRET_KEY="), env...)
 	stderr, err := cmd.StderrPipe()
 	require.NoError(t, err)
 	require.NoError(t, cmd.Start())
@@ -137,15 +147,33 @@ func (p *serveProcess) allocate(t *testing.T, body string) (int, map[string]any)
 // TestServeDemo runs "credpool serve --dev --demo" as a process on the
 // SQLite store, allocates over HTTP, and stops it with SIGTERM.
 func TestServeDemo(t *testing.T) {
-	p := startServe(t, nil, "--dev", "--demo", "--db", filepath.Join(t.TempDir(), "demo.db"))
-	require.NotEmpty(t, p.internal)
-	require.Equal(t, "sqlite", p.store)
+	db := filepath.Join(t.TempDir(), "demo.db")
+	for run := range 2 {
+		// The second run finds the dev secret key the first one made, so
+		// the demo's credentials still open.
+		p := startServe(t, nil, "--dev", "--demo", "--db", db)
+		require.NotEmpty(t, p.internal)
+		require.Equal(t, "sqlite", p.store)
 
-	code, grant := p.allocate(t, `{"provider":"openai","model":"gpt-4o","pool":"vip"}`)
-	require.Equal(t, http.StatusOK, code, "%v", grant)
-	require.Equal(t, "demo-vip-1", grant["key_id"])
-	require.Equal(t, "gpt-4o-2024-08-06", grant["provider_model"])
+		code, grant := p.allocate(t, `{"provider":"openai","model":"gpt-4o","pool":"vip","lease_seconds":1}`)
+		require.Equal(t, http.StatusOK, code, "run %d: %v", run, grant)
+		require.Equal(t, "demo-vip-1", grant["key_id"])
+		require.Equal(t, "gpt-4o-2024-08-06", grant["provider_model"])
+		require.Equal(t, map[string]any{"api_key": "sk-demo-demo-vip-1"}, grant["credential"])
+		stop(t, p)
+		time.Sleep(1100 * time.Millisecond) // the lease ends before the next run
+	}
+	fi, err := os.Stat(db + ".key")
+	require.NoError(t, err)
+	require.Equal(t, os.FileMode(0o600), fi.Mode().Perm())
+	raw, err := os.ReadFile(db)
+	require.NoError(t, err)
+	require.False(t, bytes.Contains(raw, []byte("sk-demo-")), "a credential in the clear in the catalog file")
+}
 
+// stop sends SIGTERM and waits for a clean exit.
+func stop(t *testing.T, p *serveProcess) {
+	t.Helper()
 	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
 	done := make(chan error, 1)
 	go func() { done <- p.cmd.Wait() }()
@@ -162,7 +190,7 @@ func TestServeDemo(t *testing.T) {
 // one holder.
 func TestTwoServersShareOneSQLiteFile(t *testing.T) {
 	db := filepath.Join(t.TempDir(), "shared.db")
-	env := []string{"CREDPOOL_INTERNAL_KEY=" + internalK, "CREDPOOL_ADMIN_KEY=" + adminK}
+	env := []string{"CREDPOOL_INTERNAL_KEY=" + internalK, "CREDPOOL_ADMIN_KEY=" + adminK, "CREDPOOL_SECRET_KEY=" + secretK}
 	a := startServe(t, env, "--db", db)
 	b := startServe(t, env, "--db", db)
 	code, out := a.post(t, http.MethodPut, "/api/admin/keys/solo-1", "X-Admin-Key", adminK,
@@ -230,7 +258,7 @@ func closedWithin(t *testing.T, conn net.Conn, limit time.Duration) bool {
 // A client cannot hold a connection by sending its body slowly or by
 // keeping an idle keep-alive open: the server closes both.
 func TestServeCutsSlowAndIdleClients(t *testing.T) {
-	env := []string{"CREDPOOL_INTERNAL_KEY=" + internalK, "CREDPOOL_ADMIN_KEY=" + adminK}
+	env := []string{"CREDPOOL_INTERNAL_KEY=" + internalK, "CREDPOOL_ADMIN_KEY=" + adminK, "CREDPOOL_SECRET_KEY=" + secretK}
 	p := startServe(t, env, "--db", filepath.Join(t.TempDir(), "x.db"), "--read-timeout", "1s", "--idle-timeout", "1s")
 
 	slow, err := net.Dial("tcp", p.addr)

@@ -975,7 +975,7 @@ func TestAdmin(t *testing.T) {
 		e := newEnv(t)
 		db, err := sqlitex.Open(filepath.Join(t.TempDir(), "catalog.db"))
 		require.NoError(t, err)
-		cat, err := catalog.New(t.Context(), db)
+		cat, err := catalog.New(t.Context(), db, nil)
 		require.NoError(t, err)
 		require.NoError(t, db.Close())
 

@@ -55,7 +55,7 @@ func newEnv(t *testing.T, keys ...catalog.Key) *env {
 	db, err := sqlitex.Open(path)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = db.Close() })
-	cat, err := catalog.New(t.Context(), db)
+	cat, err := catalog.New(t.Context(), db, nil)
 	require.NoError(t, err)
 	store, err := sqlitestore.New(t.Context(), db, nil)
 	require.NoError(t, err)

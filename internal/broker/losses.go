@@ -80,13 +80,24 @@ type syncer struct {
 }
 
 // sync writes k, as the catalog has it, into the store, whose view of it is
-// in. If the store lacks a key it had (k.SyncedAt is set), it lost state:
+// in (read before k). If the store lacks a key it had (k.SyncedAt is set),
+// it lost state:
 // leases it forgot may still be in use for up to maxLease, so the key is
 // quarantined (a cooldown until then, in the catalog and the store) rather
 // than handed out again at once. It returns the key as synced and whether
 // it was quarantined.
 func (s syncer) sync(ctx context.Context, k catalog.Key, in optimistic.KeyInfo) (catalog.Key, bool, error) {
 	lost := !in.Exists && !k.SyncedAt.IsZero()
+	if lost {
+		// in may predate k: another broker may have synced the key since
+		// (it syncs before it marks the key synced, so a store read after k
+		// sees that sync). Only a store that still lacks it lost it.
+		infos, err := s.store.Inspect(ctx, k.ID)
+		if err != nil {
+			return k, false, err
+		}
+		lost = !infos[0].Exists
+	}
 	now := time.Now()
 	if lost {
 		q, err := s.catalog.Quarantine(ctx, k.ID, now.Add(s.maxLease), now)

@@ -28,7 +28,7 @@ func Example() {
 	defer db.Close()
 
 	ctx := context.Background()
-	cat, err := catalog.New(ctx, db)
+	cat, err := catalog.New(ctx, db, nil)
 	if err != nil {
 		panic(err)
 	}

@@ -81,7 +81,7 @@ func TestReportConcurrent(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "credpool.db")
 			var cats []*catalog.SQL
 			for range 2 {
-				c, err := catalog.New(t.Context(), open(t, path))
+				c, err := catalog.New(t.Context(), open(t, path), nil)
 				require.NoError(t, err)
 				cats = append(cats, c)
 			}

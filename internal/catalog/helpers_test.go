@@ -39,7 +39,7 @@ var openers = map[string]func(t *testing.T, path string) *sql.DB{
 func newCatalog(t *testing.T) (*catalog.SQL, *sql.DB) {
 	t.Helper()
 	db := openDB(t, filepath.Join(t.TempDir(), "credpool.db"))
-	c, err := catalog.New(t.Context(), db)
+	c, err := catalog.New(t.Context(), db, nil)
 	require.NoError(t, err)
 	return c, db
 }

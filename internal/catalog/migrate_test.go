@@ -22,11 +22,11 @@ func versions(t *testing.T, db *sql.DB) (rows, distinct int) {
 func TestNewIsIdempotent(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "credpool.db")
 	db := openDB(t, path)
-	c, err := catalog.New(t.Context(), db)
+	c, err := catalog.New(t.Context(), db, nil)
 	require.NoError(t, err)
 	put(t, c, testKey("k1"))
 
-	again, err := catalog.New(t.Context(), openDB(t, path))
+	again, err := catalog.New(t.Context(), openDB(t, path), nil)
 	require.NoError(t, err)
 	require.Equal(t, secret, get(t, again, "k1").Secret.Reveal())
 
@@ -45,7 +45,7 @@ func TestNewConcurrent(t *testing.T) {
 			errs := make(chan error, starts)
 			for i := range starts {
 				go func() {
-					_, err := catalog.New(t.Context(), dbs[i%len(dbs)])
+					_, err := catalog.New(t.Context(), dbs[i%len(dbs)], nil)
 					errs <- err
 				}()
 			}
@@ -55,7 +55,7 @@ func TestNewConcurrent(t *testing.T) {
 
 			rows, distinct := versions(t, dbs[0])
 			require.Equal(t, rows, distinct)
-			c, err := catalog.New(t.Context(), dbs[1])
+			c, err := catalog.New(t.Context(), dbs[1], nil)
 			require.NoError(t, err)
 			put(t, c, testKey("k1"))
 			require.Equal(t, "k1", get(t, c, "k1").ID)
@@ -64,6 +64,6 @@ func TestNewConcurrent(t *testing.T) {
 }
 
 func TestNewRejectsNilDB(t *testing.T) {
-	_, err := catalog.New(t.Context(), nil)
+	_, err := catalog.New(t.Context(), nil, nil)
 	require.Error(t, err)
 }

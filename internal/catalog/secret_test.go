@@ -5,11 +5,14 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/credpool/credpool/internal/catalog"
+	"github.com/credpool/credpool/optimistic"
 )
 
 // The secret must not leak through any way a Key is commonly printed,
@@ -48,4 +51,90 @@ func TestSecretNeverPrinted(t *testing.T) {
 	require.Contains(t, fmt.Sprint(k), "[redacted]")
 	require.Equal(t, secret, k.Secret.Reveal())
 	require.IsType(t, catalog.Secret(""), k.Secret)
+}
+
+func sealer(t *testing.T, current []byte, old ...[]byte) *catalog.Sealer {
+	t.Helper()
+	s, err := catalog.NewSealer(current, old...)
+	require.NoError(t, err)
+	return s
+}
+
+func key32(b byte) []byte { return bytes.Repeat([]byte{b}, 32) }
+
+// Secrets are sealed at rest: the database file never holds one in the
+// clear, Get opens it, and keys rotate: Rekey seals the old ones (and
+// plaintext ones from before sealing) with the current key.
+func TestSecretsSealedAtRest(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "credpool.db")
+	db := openDB(t, path)
+	plain, err := catalog.New(t.Context(), db, nil)
+	require.NoError(t, err)
+	legacy := testKey("legacy")
+	legacy.Secret = "sk-legacy-plaintext-0001"
+	put(t, plain, legacy)
+
+	oldKey, newKey := key32(1), key32(2)
+	c, err := catalog.New(t.Context(), db, &catalog.Options{Sealer: sealer(t, oldKey)})
+	require.NoError(t, err)
+	put(t, c, testKey("k1"))
+	require.Equal(t, secret, get(t, c, "k1").Secret.Reveal())
+	require.Equal(t, "sk-legacy-plaintext-0001", get(t, c, "legacy").Secret.Reveal(), "plaintext from before still reads")
+
+	// Rotation: the new key seals, the old one still opens.
+	rotated, err := catalog.New(t.Context(), db, &catalog.Options{Sealer: sealer(t, newKey, oldKey)})
+	require.NoError(t, err)
+	require.Equal(t, secret, get(t, rotated, "k1").Secret.Reveal())
+	n, err := rotated.Rekey(t.Context())
+	require.NoError(t, err)
+	require.Equal(t, 2, n, "k1 and the plaintext one")
+	n, err = rotated.Rekey(t.Context())
+	require.NoError(t, err)
+	require.Zero(t, n, "nothing left to seal")
+
+	onlyNew, err := catalog.New(t.Context(), db, &catalog.Options{Sealer: sealer(t, newKey)})
+	require.NoError(t, err)
+	require.Equal(t, secret, get(t, onlyNew, "k1").Secret.Reveal(), "the old key is no longer needed")
+	onlyOld, err := catalog.New(t.Context(), db, &catalog.Options{Sealer: sealer(t, oldKey)})
+	require.NoError(t, err)
+	_, err = onlyOld.Get(t.Context(), "k1")
+	require.ErrorIs(t, err, optimistic.ErrStore, "a key that cannot open it is a store failure")
+	require.NotContains(t, err.Error(), secret)
+
+	require.NoError(t, db.Close())
+	raw, err := os.ReadFile(path)
+	require.NoError(t, err)
+	wal, _ := os.ReadFile(path + "-wal")
+	for _, s := range []string{secret, "sk-legacy-plaintext"} {
+		require.False(t, bytes.Contains(raw, []byte(s)), "plaintext secret %q in the database file", s)
+		require.False(t, bytes.Contains(wal, []byte(s)), "plaintext secret %q in the WAL", s)
+	}
+}
+
+// A sealed secret is bound to its key: moved to another row, it does not
+// open.
+func TestSealedSecretBoundToItsKey(t *testing.T) {
+	c, db := newCatalog(t)
+	sealed, err := catalog.New(t.Context(), db, &catalog.Options{Sealer: sealer(t, key32(3))})
+	require.NoError(t, err)
+	put(t, sealed, testKey("a"))
+	put(t, c, testKey("b"))
+	_, err = db.ExecContext(t.Context(), `UPDATE catalog_keys SET secret = (SELECT secret FROM catalog_keys WHERE id = 'a') WHERE id = 'b'`)
+	require.NoError(t, err)
+	_, err = sealed.Get(t.Context(), "b")
+	require.ErrorIs(t, err, optimistic.ErrStore)
+}
+
+func TestParseSealer(t *testing.T) {
+	k1, err := catalog.NewKey()
+	require.NoError(t, err)
+	k2, err := catalog.NewKey()
+	require.NoError(t, err)
+	_, err = catalog.ParseSealer(k1, k2+", ")
+	require.NoError(t, err)
+	for _, bad := range [][2]string{{"", ""}, {"not base64!", ""}, {"c2hvcnQ=", ""}, {k1, "bad!"}} {
+		_, err := catalog.ParseSealer(bad[0], bad[1])
+		require.Error(t, err, "%q", bad)
+		require.NotContains(t, err.Error(), k1)
+	}
 }

@@ -29,23 +29,38 @@ import (
 // database failure, and the context's error when ctx ends first. None
 // carries a secret.
 type SQL struct {
-	db *sql.DB
+	db     *sql.DB
+	sealer *Sealer
 	// writing holds a token while this catalog writes (see write).
 	writing chan struct{}
+}
+
+// Options configure a catalog. A nil *Options means all defaults.
+type Options struct {
+	// Sealer encrypts secrets at rest; every process sharing the database
+	// needs a Sealer that opens what the others seal.
+	//
+	// default: nil, secrets stored as given (tests and tools; credpool
+	// serve always sets one)
+	Sealer *Sealer
 }
 
 // New returns the catalog on db after migrating its schema to the latest
 // version (tables catalog_schema, catalog_keys, catalog_key_models,
 // catalog_model_aliases). Migrating is idempotent and safe when several
 // processes start at once; a failed migration leaves the previous version.
-func New(ctx context.Context, db *sql.DB) (*SQL, error) {
+func New(ctx context.Context, db *sql.DB, opts *Options) (*SQL, error) {
 	if db == nil {
 		return nil, errors.New("catalog: nil database")
 	}
 	if err := sqlitex.Migrate(ctx, db, schema, busyPolicy); err != nil {
 		return nil, fail(ctx, "open", err)
 	}
-	return &SQL{db: db, writing: make(chan struct{}, 1)}, nil
+	s := &SQL{db: db, writing: make(chan struct{}, 1)}
+	if opts != nil {
+		s.sealer = opts.Sealer
+	}
+	return s, nil
 }
 
 // Ping checks that the catalog's database answers and holds its schema.
@@ -95,10 +110,17 @@ func (s *SQL) Put(ctx context.Context, k Key) (Key, error) {
 	if created != nil {
 		insertCreated = created
 	}
+	secret := k.Secret.Reveal()
+	if s.sealer != nil {
+		var err error
+		if secret, err = s.sealer.seal(k.ID, secret); err != nil {
+			return Key{}, fail(ctx, "put key "+k.ID, err)
+		}
+	}
 	var stored Key
 	err := s.inTx(ctx, "put key "+k.ID, func(tx *sql.Tx) error {
 		if _, err := tx.ExecContext(ctx, upsertKey,
-			k.ID, k.Provider, k.Pool, k.Secret.Reveal(), string(k.Status), millis(k.CooldownUntil), k.MaxConcurrentUses,
+			k.ID, k.Provider, k.Pool, secret, string(k.Status), millis(k.CooldownUntil), k.MaxConcurrentUses,
 			millis(k.LastUsedAt), millis(k.LastVerifiedAt), k.Successes, k.Errors, k.RateLimitHits,
 			insertCreated, now, created,
 		); err != nil {
@@ -119,13 +141,76 @@ func (s *SQL) Put(ctx context.Context, k Key) (Key, error) {
 	return stored, err
 }
 
-// Get returns the key, secret included, or ErrNotFound.
+// Get returns the key, secret included (opened with the Sealer), or
+// ErrNotFound.
 func (s *SQL) Get(ctx context.Context, id string) (Key, error) {
 	k, err := getKey(ctx, s.db, id, true)
+	if err == nil && s.sealer != nil {
+		var plain string
+		plain, err = s.sealer.open(k.ID, k.Secret.Reveal())
+		k.Secret = Secret(plain)
+	}
 	if err != nil {
 		return Key{}, fail(ctx, fmt.Sprintf("get key %q", id), err)
 	}
 	return k, nil
+}
+
+// Rekey seals with the Sealer's current key every secret that is not
+// sealed with it yet: plaintext ones written before sealing, and ones
+// sealed with a key being rotated out. It is one transaction and returns
+// how many it sealed. See the README for rotating keys across processes.
+func (s *SQL) Rekey(ctx context.Context) (int, error) {
+	if s.sealer == nil {
+		return 0, errors.New("catalog: rekey: no sealer")
+	}
+	var n int
+	err := s.inTx(ctx, "rekey secrets", func(tx *sql.Tx) error {
+		n = 0
+		// A write first: SQLite takes its write lock up front.
+		if _, err := tx.ExecContext(ctx, `UPDATE catalog_keys SET secret = secret WHERE 0`); err != nil {
+			return err
+		}
+		rows, err := tx.QueryContext(ctx, `SELECT id, secret FROM catalog_keys`)
+		if err != nil {
+			return err
+		}
+		stale := map[string]string{}
+		for rows.Next() {
+			var id, stored string
+			if err := rows.Scan(&id, &stored); err != nil {
+				_ = rows.Close()
+				return err
+			}
+			if !s.sealer.fresh(stored) {
+				stale[id] = stored
+			}
+		}
+		if err := errors.Join(rows.Err(), rows.Close()); err != nil {
+			return err
+		}
+		for id, stored := range stale {
+			plain, err := s.sealer.open(id, stored)
+			if err != nil {
+				return err
+			}
+			sealed, err := s.sealer.seal(id, plain)
+			if err != nil {
+				return err
+			}
+			if _, err := tx.ExecContext(ctx, `UPDATE catalog_keys SET secret = ? WHERE id = ?`, sealed, id); err != nil {
+				return err
+			}
+			n++
+		}
+		return nil
+	})
+	if err == nil && n > 0 {
+		// Best effort: move the rewritten pages into the file and empty the
+		// WAL, which still holds the old values (readers may keep it).
+		_, _ = s.db.ExecContext(ctx, `PRAGMA wal_checkpoint(TRUNCATE)`)
+	}
+	return n, err
 }
 
 // List returns the keys of provider and pool, ordered by id; "" matches

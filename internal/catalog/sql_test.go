@@ -168,7 +168,7 @@ func TestDelete(t *testing.T) {
 	for name, open := range openers {
 		t.Run(name, func(t *testing.T) {
 			db := open(t, filepath.Join(t.TempDir(), "credpool.db"))
-			c, err := catalog.New(t.Context(), db)
+			c, err := catalog.New(t.Context(), db, nil)
 			require.NoError(t, err)
 			put(t, c, testKey("k1"))
 			put(t, c, testKey("k2"))

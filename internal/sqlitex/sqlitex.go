@@ -37,7 +37,9 @@ const MaxConns = 16
 // SQLite's default: a grant is on disk before Allocate returns it, so no
 // fencing token is handed out twice, even across a power loss. A new file
 // is created readable by its owner only (0600; SQLite gives its -wal and
-// -shm files the same mode): it holds the credentials. At most MaxConns
+// -shm files the same mode): it holds the credentials; secure_delete zeroes
+// what a delete or an update frees, so an old secret does not linger in
+// free pages. At most MaxConns
 // connections stay open. The caller closes the returned db.
 func Open(path string) (*sql.DB, error) {
 	// The driver splits its parameters off at the first '?'.
@@ -53,7 +55,7 @@ func Open(path string) (*sql.DB, error) {
 	}
 	q := url.Values{
 		"_txlock": {"immediate"},
-		"_pragma": {fmt.Sprintf("busy_timeout(%d)", BusyTimeoutMillis), "foreign_keys(1)", "journal_mode(WAL)"},
+		"_pragma": {fmt.Sprintf("busy_timeout(%d)", BusyTimeoutMillis), "foreign_keys(1)", "journal_mode(WAL)", "secure_delete(1)"},
 	}
 	db, err := sql.Open("sqlite", path+"?"+q.Encode())
 	if err != nil {
