@@ -116,16 +116,15 @@ func (s *Store) dropLeases(ctx context.Context, keyID string, withKey bool) (int
 		if len(ids) == 0 && !withKey {
 			return nil
 		}
-		return t.commit(ctx, func(p redis.Pipeliner) {
-			dels := []string{leasesKey}
-			for _, id := range ids {
-				dels = append(dels, s.keys.Lease(keyID, id))
-			}
-			if withKey {
-				dels = append(dels, keyKey)
-			}
-			p.Del(ctx, dels...)
-		})
+		dels := cmd{"del", leasesKey}
+		for _, id := range ids {
+			dels = append(dels, s.keys.Lease(keyID, id))
+		}
+		if withKey {
+			dels = append(dels, keyKey)
+		}
+		_, err = t.commit(ctx, []cmd{dels})
+		return err
 	})
 	return len(ids), err
 }

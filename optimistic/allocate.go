@@ -127,6 +127,8 @@ type verdict struct {
 	free    int64 // skipped: when it frees up (ms), 0 if never by itself
 	held    bool  // free is when a held lease ends
 	unknown bool  // the commit's reply was lost: it may have landed
+	// unreplicated: granted, but too few replicas acknowledged it
+	unreplicated bool
 }
 
 // try reads one candidate under WATCH and claims a slot if it has one.
@@ -156,6 +158,16 @@ func (a *allocation) try(ctx context.Context, keyID string, wait bool) (granted 
 	if v.free != 0 && (a.free == 0 || v.free <= a.free) {
 		a.held = v.held || (v.free == a.free && a.held)
 		a.free = v.free
+	}
+	if v.unreplicated {
+		// A failover could lose it and grant the slot again: nobody may
+		// hold it. The release can only fail if the store does, and then
+		// the lease expires by itself.
+		ref := LeaseRef{Provider: a.req.Provider, Pool: a.req.Pool, KeyID: keyID, LeaseID: a.leaseID}
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), unwatchTimeout)
+		_ = a.release(rctx, a.rdb, ref)
+		cancel()
+		return false, err
 	}
 	if v.granted {
 		a.grant(keyID, v.until, v.fence)
@@ -208,25 +220,31 @@ func (a *allocation) decide(ctx context.Context, t *txn, keyID string) (verdict,
 	}
 	until := now + a.req.TTL.Milliseconds()
 	fence := NextFence(k.fence, clockNow)
-	err = t.commit(ctx, func(p redis.Pipeliner) {
-		if len(ls.expired) > 0 {
-			members := make([]any, len(ls.expired))
-			records := make([]string, len(ls.expired))
-			for i, id := range ls.expired {
-				members[i], records[i] = id, a.keys.Lease(keyID, id)
-			}
-			p.ZRem(ctx, leasesKey, members...)
-			p.Del(ctx, records...)
+	var body []cmd
+	if len(ls.expired) > 0 {
+		prune := cmd{"zrem", leasesKey}
+		records := cmd{"del"}
+		for _, id := range ls.expired {
+			prune, records = append(prune, id), append(records, a.keys.Lease(keyID, id))
 		}
-		p.ZAdd(ctx, leasesKey, redis.Z{Score: float64(until), Member: a.leaseID})
-		p.HSet(ctx, recordKey,
+		body = append(body, prune, records)
+	}
+	body = append(body,
+		cmd{"zadd", leasesKey, until, a.leaseID},
+		cmd{"hset", recordKey,
 			rs.FieldKeyID, keyID, rs.FieldProvider, a.req.Provider, rs.FieldPool, a.req.Pool,
-			rs.FieldUntil, until, rs.FieldFence, fence)
-		p.PExpireAt(ctx, recordKey, fromMillis(until).Add(a.opts.RecordGrace))
-		p.HSet(ctx, keyKey,
+			rs.FieldUntil, until, rs.FieldFence, fence},
+		cmd{"pexpireat", recordKey, until + a.opts.RecordGrace.Milliseconds()},
+		cmd{"hset", keyKey,
 			rs.FieldStatus, string(StatusAvailable), rs.FieldCooldown, "",
-			rs.FieldLastUsed, now, rs.FieldFence, fence)
-	})
+			rs.FieldLastUsed, now, rs.FieldFence, fence},
+	)
+	_, err = t.commit(ctx, body)
+	if errors.Is(err, errUnreplicated) {
+		// Granted on the master only: try gives it back.
+		v.granted, v.until, v.fence, v.unreplicated = true, until, fence, true
+		return v, err
+	}
 	if err != nil {
 		var rerr redis.Error
 		if !errors.As(err, &rerr) && ctx.Err() == nil {

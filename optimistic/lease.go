@@ -145,23 +145,23 @@ func (s *Store) renew(ctx context.Context, rdb redis.UniversalClient, ref LeaseR
 		return 0, err
 	}
 	until := now + ttl.Milliseconds()
-	var score *redis.FloatCmd
-	_, err = rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		p.ZAddXX(ctx, leasesKey, redis.Z{Score: float64(until), Member: ref.LeaseID})
-		score = p.ZScore(ctx, leasesKey, ref.LeaseID)
-		p.HSet(ctx, recordKey, rs.FieldUntil, until)
-		p.PExpireAt(ctx, recordKey, fromMillis(until).Add(s.opts.RecordGrace))
-		return nil
+	replies, _, err := s.multi(ctx, rdb, []cmd{
+		{"zadd", leasesKey, "xx", until, ref.LeaseID},
+		{"zscore", leasesKey, ref.LeaseID},
+		{"hset", recordKey, rs.FieldUntil, until},
+		{"pexpireat", recordKey, until + s.opts.RecordGrace.Milliseconds()},
 	})
-	if errors.Is(err, redis.Nil) {
+	if err != nil {
+		// errUnreplicated included: the new expiry may not survive a
+		// failover, so the holder must go by the previous one.
+		return 0, err
+	}
+	if len(replies) < 2 || replies[1] == nil {
 		// Gone since the read: the HSET made a stray record of it.
 		_ = rdb.Del(context.WithoutCancel(ctx), recordKey).Err()
 		return 0, fmt.Errorf("%w: lease %s expired", ErrLeaseLost, ref.LeaseID)
 	}
-	if err != nil {
-		return 0, err
-	}
-	return int64(score.Val()), nil
+	return until, nil
 }
 
 // checkHolder says whether ref holds a live lease, given its record (HMGET

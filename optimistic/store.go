@@ -51,6 +51,22 @@ type Options struct {
 	//
 	// default: 1m
 	RecordGrace time.Duration
+
+	// MinReplicas, when positive, makes a grant or a renewal count only
+	// once that many replicas have acknowledged it (WAIT, in the same round
+	// trip as EXEC), so that a failover to one of them cannot lose it. A
+	// grant too few acknowledged within ReplicaTimeout is given back and
+	// Allocate fails with ErrStore; a renewal fails with ErrStore and the
+	// lease keeps its previous expiry as far as a failover is concerned.
+	//
+	// default: 0 (off)
+	MinReplicas int
+
+	// ReplicaTimeout bounds the wait for MinReplicas acknowledgements; the
+	// connection is held that long when replicas lag.
+	//
+	// default: 100ms
+	ReplicaTimeout time.Duration
 }
 
 func (o *Options) withDefaults() Options {
@@ -75,6 +91,9 @@ func (o *Options) withDefaults() Options {
 	}
 	if out.RecordGrace <= 0 {
 		out.RecordGrace = time.Minute
+	}
+	if out.ReplicaTimeout <= 0 {
+		out.ReplicaTimeout = 100 * time.Millisecond
 	}
 	return out
 }

@@ -12,6 +12,7 @@ import (
 // txn is one optimistic transaction on the connection that owns its keys.
 // It is used by one goroutine only.
 type txn struct {
+	s  *Store
 	tx *redis.Tx
 	// arm lists the keys to WATCH in the first read pipeline; nil when
 	// go-redis already sent WATCH.
@@ -38,17 +39,15 @@ func (t *txn) read(ctx context.Context, fn func(p redis.Pipeliner)) error {
 	return err
 }
 
-// commit sends MULTI, the writes queued by fn and EXEC in one round trip. It
-// returns an ErrConflict if a watched key changed since read.
-func (t *txn) commit(ctx context.Context, fn func(p redis.Pipeliner)) error {
-	_, err := t.tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		fn(p)
-		return nil
-	})
-	// Same rule as go-redis: only these mean EXEC ran. On other errors the
-	// connection is either broken (and dropped) or still watching.
-	t.cleared = err == nil || errors.Is(err, redis.TxFailedErr) || redis.IsExecAbortError(err)
-	return conflict(err)
+// commit sends MULTI, body and EXEC (and WAIT, see Store.multi) in one
+// round trip and returns EXEC's replies. It returns an ErrConflict if a
+// watched key changed since read.
+func (t *txn) commit(ctx context.Context, body []cmd) ([]any, error) {
+	replies, ran, err := t.s.multi(ctx, t.tx, body)
+	// On other errors the connection is either broken (and dropped) or
+	// still watching.
+	t.cleared = ran
+	return replies, conflict(err)
 }
 
 // watch runs fn in a transaction watching keys (all in one slot). The
@@ -64,30 +63,30 @@ func (t *txn) commit(ctx context.Context, fn func(p redis.Pipeliner)) error {
 func (s *Store) watch(ctx context.Context, keys []string, fn func(*txn) error) error {
 	switch c := s.rdb.(type) {
 	case *redis.Client:
-		return armedWatch(ctx, c, keys, fn)
+		return s.armedWatch(ctx, c, keys, fn)
 	case *redis.ClusterClient:
 		node, err := c.MasterForKey(ctx, keys[0])
 		if err != nil {
 			return err
 		}
-		err = armedWatch(ctx, node, keys, fn)
+		err = s.armedWatch(ctx, node, keys, fn)
 		if !isRedirect(err) {
 			return err
 		}
 		c.ReloadState(ctx)
 	}
-	return s.rdb.Watch(ctx, func(tx *redis.Tx) error { return run(ctx, tx, nil, fn) }, keys...)
+	return s.rdb.Watch(ctx, func(tx *redis.Tx) error { return s.run(ctx, tx, nil, fn) }, keys...)
 }
 
 // armedWatch runs fn on a fresh transaction that WATCHes keys in its first
 // pipeline. go-redis does not know about that WATCH, so run releases it.
-func armedWatch(ctx context.Context, c *redis.Client, keys []string, fn func(*txn) error) error {
-	return c.Watch(ctx, func(tx *redis.Tx) error { return run(ctx, tx, keys, fn) })
+func (s *Store) armedWatch(ctx context.Context, c *redis.Client, keys []string, fn func(*txn) error) error {
+	return c.Watch(ctx, func(tx *redis.Tx) error { return s.run(ctx, tx, keys, fn) })
 }
 
 // run runs fn on tx and, if no EXEC cleared the watch, releases it.
-func run(ctx context.Context, tx *redis.Tx, arm []string, fn func(*txn) error) error {
-	t := &txn{tx: tx, arm: arm}
+func (s *Store) run(ctx context.Context, tx *redis.Tx, arm []string, fn func(*txn) error) error {
+	t := &txn{s: s, tx: tx, arm: arm}
 	err := fn(t)
 	if !t.cleared {
 		unwatch(ctx, tx)

@@ -87,7 +87,11 @@ type serviceOptions struct {
 	// proxied puts the fault proxy between the service and Redis.
 	proxied bool
 	// maxLease is the longest lease (default: the broker's).
-	maxLease  time.Duration
+	maxLease time.Duration
+	// redis, if set, is the server to use instead of a fresh one.
+	redis *redistest.Server
+	// minReplicas is the store's Options.MinReplicas.
+	minReplicas int
 	beforeGet func(id string)
 	// wrap, if set, wraps the lease store the broker uses, to inject faults.
 	wrap func(optimistic.LeaseStore) optimistic.LeaseStore
@@ -125,7 +129,10 @@ func startService(t *testing.T, o serviceOptions) *service {
 		s.store, requests = store, log
 	} else {
 		name = "redis"
-		s.redis = redistest.Start(t)
+		s.redis = o.redis
+		if s.redis == nil {
+			s.redis = redistest.Start(t)
+		}
 		rdb := s.redis.Client(t)
 		if o.proxied {
 			s.proxy = redistest.NewProxy(t, s.redis.Addr)
@@ -133,7 +140,7 @@ func startService(t *testing.T, o serviceOptions) *service {
 			t.Cleanup(func() { _ = c.Close() })
 			rdb = c
 		}
-		store, err := optimistic.New(rdb, nil)
+		store, err := optimistic.New(rdb, &optimistic.Options{MinReplicas: o.minReplicas})
 		require.NoError(t, err)
 		s.store, requests = store, requestlog.NewRedis(rdb, "credpool")
 	}

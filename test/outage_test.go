@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/credpool/credpool/test/redistest"
 )
 
 // waitFor polls cond, bounded, for an effect the service brings about in
@@ -145,28 +147,27 @@ func overlaps(uses []use, key string) (most int, dup int64) {
 	return most, dup
 }
 
-// Redis loses everything twice under load: a FLUSHALL, then a crash and a
-// restart without persistence. Callers that hold leases the store forgot
-// keep using them; the service must hold those keys back until every such
-// lease has ended. The audit, by the callers' own clocks: no key ever had
-// more users than its limit, and no fencing token was handed out twice.
-func TestHTTPRedisLosesStateUnderLoad(t *testing.T) {
-	const maxLease = 2 * time.Second
-	s := startService(t, serviceOptions{maxLease: maxLease})
-	limits := map[string]int{"k1": 1, "k2": 2, "k3": 2}
+// audited runs 8 callers against s on keys of the given limits while
+// events happens, then checks, by the callers' own clocks, that no key
+// ever had more users than its limit and no fencing token was handed out
+// twice. A caller holds a granted key for up to 20ms and releases it, or
+// one time in ten "crashes" and uses it until its lease ends. It returns
+// how many grants there were before each mark events called.
+func audited(t *testing.T, s *service, limits map[string]int, leaseSeconds int, events func(mark func())) []int64 {
+	t.Helper()
 	for id, n := range limits {
 		s.putKey(t, id, "default", n, nil)
 	}
-
 	var (
 		mu      sync.Mutex
 		uses    []use
 		granted atomic.Int64
+		marks   []int64
 		errs    = make(chan error, 16)
 		stop    = make(chan struct{})
 		wg      sync.WaitGroup
 	)
-	body := withField(allocBody("default"), "lease_seconds", int(maxLease/time.Second))
+	body := withField(allocBody("default"), "lease_seconds", leaseSeconds)
 	for w := range 8 {
 		wg.Go(func() {
 			rng := rand.New(rand.NewPCG(uint64(w), 7))
@@ -201,33 +202,85 @@ func TestHTTPRedisLosesStateUnderLoad(t *testing.T) {
 			}
 		})
 	}
-
-	rdb := s.redis.Client(t)
-	time.Sleep(1500 * time.Millisecond)
-	before := granted.Load()
-	require.NoError(t, rdb.FlushAll(t.Context()).Err())
-	time.Sleep(3 * time.Second)
-	afterFlush := granted.Load()
-	s.redis = s.redis.Restart(t)
-	time.Sleep(3 * time.Second)
+	events(func() { marks = append(marks, granted.Load()) })
 	close(stop)
 	wg.Wait()
 	close(errs)
 	for err := range errs {
 		require.NoError(t, err)
 	}
-
-	require.Positive(t, before, "grants before the flush")
-	require.Greater(t, afterFlush, before, "grants after the flush's quarantine")
-	require.Greater(t, granted.Load(), afterFlush, "grants after the restart's quarantine")
 	for id, limit := range limits {
 		most, dup := overlaps(uses, id)
 		require.LessOrEqual(t, most, limit, "%s: %d users at once", id, most)
 		require.Zero(t, dup, "%s: fencing token %d handed out twice", id, dup)
 	}
-	code, _, out := s.call(t, http.MethodGet, "/metrics", "", "", nil)
-	require.Equal(t, http.StatusOK, code, "%v", out)
 	t.Logf("%d grants, %d uses audited", granted.Load(), len(uses))
+	return append(marks, granted.Load())
+}
+
+// Redis loses everything twice under load: a FLUSHALL, then a crash and a
+// restart without persistence. Callers that hold leases the store forgot
+// keep using them; the service must hold those keys back until every such
+// lease has ended.
+func TestHTTPRedisLosesStateUnderLoad(t *testing.T) {
+	const maxLease = 2 * time.Second
+	s := startService(t, serviceOptions{maxLease: maxLease})
+	rdb := s.redis.Client(t)
+	marks := audited(t, s, map[string]int{"k1": 1, "k2": 2, "k3": 2}, 2, func(mark func()) {
+		time.Sleep(1500 * time.Millisecond)
+		mark()
+		require.NoError(t, rdb.FlushAll(t.Context()).Err())
+		time.Sleep(3 * time.Second)
+		mark()
+		s.redis = s.redis.Restart(t)
+		time.Sleep(3 * time.Second)
+	})
+	require.Positive(t, marks[0], "grants before the flush")
+	require.Greater(t, marks[1], marks[0], "grants after the flush's quarantine")
+	require.Greater(t, marks[2], marks[1], "grants after the restart's quarantine")
+}
+
+// A failover to a replica that missed the last writes: the replication
+// link is cut, the master dies, the replica is promoted, the service's
+// address moves to it and a new replica joins it (as the old master would,
+// back from its crash). A grant made while the link was cut is unknown to
+// the replica, which would hand the slot out again. With MinReplicas 1
+// that grant is refused (503) instead, so a limit-1 key never has two
+// holders.
+func TestHTTPFailoverToLaggingReplica(t *testing.T) {
+	holders := failover(t, 1)
+	require.Equal(t, 1, holders, "one holder after the failover")
+}
+
+// failover runs that story with the store's MinReplicas set to acks and
+// returns how many callers hold the limit-1 key at the end.
+func failover(t *testing.T, acks int) int {
+	master := redistest.Start(t)
+	link := redistest.NewProxy(t, master.Addr)
+	replica := redistest.StartReplica(t, link.Addr)
+	s := startService(t, serviceOptions{redis: master, proxied: true, minReplicas: acks, maxLease: 60 * time.Second})
+	s.putKey(t, "solo", "default", 1, nil)
+	rdb := master.Client(t)
+	require.NoError(t, rdb.Do(t.Context(), "wait", 1, 5000).Err(), "the replica has the key")
+	body := withField(allocBody("default"), "lease_seconds", 60)
+
+	link.SetDown(true)
+	first, _, g := s.internal(t, "allocate-key", body)
+	if acks > 0 {
+		require.Equal(t, http.StatusServiceUnavailable, first, "an unreplicated grant is refused: %v", g)
+	}
+	master.Stop()
+	require.NoError(t, replica.Client(t).SlaveOf(t.Context(), "NO", "ONE").Err())
+	s.proxy.SetTarget(replica.Addr)
+	redistest.StartReplica(t, replica.Addr)
+
+	second, _, g := s.internal(t, "allocate-key", body)
+	require.Equal(t, http.StatusOK, second, "the promoted replica grants: %v", g)
+	holders := 1
+	if first == http.StatusOK {
+		holders++
+	}
+	return holders
 }
 
 // post sends body with the internal key and decodes the answer; unlike

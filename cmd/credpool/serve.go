@@ -43,6 +43,7 @@ type serveConfig struct {
 	readTimeout  time.Duration
 	idleTimeout  time.Duration
 	maxLease     time.Duration
+	minReplicas  int
 }
 
 // envOr returns the environment variable name, or def when it is unset.
@@ -69,7 +70,11 @@ func parseServe(args []string) (serveConfig, error) {
 	fs.DurationVar(&c.readTimeout, "read-timeout", 10*time.Second, "longest a client may take to send a whole request, body included (env CREDPOOL_READ_TIMEOUT)")
 	fs.DurationVar(&c.idleTimeout, "idle-timeout", 60*time.Second, "longest an idle keep-alive connection stays open (env CREDPOOL_IDLE_TIMEOUT)")
 	fs.DurationVar(&c.maxLease, "max-lease", broker.DefaultMaxLease, "longest lease granted or renewed to; also how long a key the lease store lost is held back (env CREDPOOL_MAX_LEASE)")
-	for flagName, env := range map[string]string{"read-timeout": "CREDPOOL_READ_TIMEOUT", "idle-timeout": "CREDPOOL_IDLE_TIMEOUT", "max-lease": "CREDPOOL_MAX_LEASE"} {
+	fs.IntVar(&c.minReplicas, "redis-min-replicas", 0, "replicas that must acknowledge a grant or renewal before it counts (WAIT); 0: none (env CREDPOOL_REDIS_MIN_REPLICAS)")
+	for flagName, env := range map[string]string{
+		"read-timeout": "CREDPOOL_READ_TIMEOUT", "idle-timeout": "CREDPOOL_IDLE_TIMEOUT", "max-lease": "CREDPOOL_MAX_LEASE",
+		"redis-min-replicas": "CREDPOOL_REDIS_MIN_REPLICAS",
+	} {
 		if v, ok := os.LookupEnv(env); ok {
 			if err := fs.Set(flagName, v); err != nil {
 				return c, fmt.Errorf("serve: %s: %w", env, err)
@@ -82,8 +87,11 @@ func parseServe(args []string) (serveConfig, error) {
 	if c.readTimeout <= 0 || c.idleTimeout <= 0 {
 		return c, errors.New("serve: --read-timeout and --idle-timeout must be positive")
 	}
-	if c.maxLease < time.Second {
-		return c, errors.New("serve: --max-lease must be at least 1s")
+	if c.maxLease < time.Second || c.maxLease > catalog.ReportMemory {
+		return c, fmt.Errorf("serve: --max-lease must be from 1s to %v", catalog.ReportMemory)
+	}
+	if c.minReplicas < 0 {
+		return c, errors.New("serve: --redis-min-replicas must be 0 or more")
 	}
 	if fs.NArg() > 0 {
 		return c, fmt.Errorf("serve: unexpected argument %q", fs.Arg(0))
@@ -265,7 +273,7 @@ func openStore(ctx context.Context, cfg serveConfig, db *sql.DB) (leaseStore, er
 		_ = rdb.Close()
 		return leaseStore{}, fmt.Errorf("redis at --redis is not reachable: %w", err)
 	}
-	s, err := optimistic.New(rdb, nil)
+	s, err := optimistic.New(rdb, &optimistic.Options{MinReplicas: cfg.minReplicas})
 	if err != nil {
 		_ = rdb.Close()
 		return leaseStore{}, err

@@ -283,6 +283,10 @@ func TestServeCutsSlowAndIdleClients(t *testing.T) {
 func TestServeRejectsBadTimeouts(t *testing.T) {
 	_, err := parseServe([]string{"--read-timeout", "0s"})
 	require.ErrorContains(t, err, "must be positive")
+	_, err = parseServe([]string{"--max-lease", "48h"})
+	require.ErrorContains(t, err, "--max-lease")
+	_, err = parseServe([]string{"--redis-min-replicas", "-1"})
+	require.ErrorContains(t, err, "--redis-min-replicas")
 	t.Setenv("CREDPOOL_IDLE_TIMEOUT", "soon")
 	_, err = parseServe(nil)
 	require.ErrorContains(t, err, "CREDPOOL_IDLE_TIMEOUT")

@@ -33,6 +33,7 @@ type Server struct {
 	bin     string
 	dir     string
 	port    int
+	extra   []string // more arguments, e.g. --replicaof
 	cmd     *exec.Cmd
 	exited  chan struct{}
 }
@@ -65,7 +66,7 @@ func Run(dir string, cluster bool) (*Server, error) {
 		if err != nil {
 			return nil, err
 		}
-		s, err := launch(bin, dir, port, cluster)
+		s, err := launch(bin, dir, port, cluster, nil)
 		if err == nil {
 			return s, nil
 		}
@@ -83,12 +84,13 @@ func freePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
-func launch(bin, dir string, port int, cluster bool) (*Server, error) {
+func launch(bin, dir string, port int, cluster bool, extra []string) (*Server, error) {
 	args := []string{
 		"--bind", "127.0.0.1", "--port", strconv.Itoa(port), "--dir", dir,
 		"--save", "", "--appendonly", "no", "--daemonize", "no",
 		"--logfile", "redis.log", "--protected-mode", "yes",
 	}
+	args = append(args, extra...)
 	if cluster {
 		args = append(args, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
 	}
@@ -100,7 +102,7 @@ func launch(bin, dir string, port int, cluster bool) (*Server, error) {
 	}
 	s := &Server{
 		Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), Cluster: cluster,
-		bin: bin, dir: dir, port: port, cmd: cmd, exited: make(chan struct{}),
+		bin: bin, dir: dir, port: port, extra: extra, cmd: cmd, exited: make(chan struct{}),
 	}
 	go func() {
 		_ = cmd.Wait()
@@ -168,6 +170,55 @@ func lastLines(s string, n int) string {
 	return strings.Join(lines, " | ")
 }
 
+// RunReplica starts a standalone server with its files in dir that
+// replicates the master at addr (host:port; a proxy in front of one will
+// do), and returns once it is in sync. The caller must Stop it.
+func RunReplica(dir, addr string) (*Server, error) {
+	bin, err := Binary()
+	if err != nil {
+		return nil, err
+	}
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, err
+	}
+	var last error
+	for range 5 {
+		p, err := freePort()
+		if err != nil {
+			return nil, err
+		}
+		s, err := launch(bin, dir, p, false, []string{"--replicaof", host, port})
+		if err == nil {
+			if err = s.waitSynced(); err == nil {
+				return s, nil
+			}
+			s.Stop()
+		}
+		last = err
+	}
+	return nil, last
+}
+
+// waitSynced waits until the replica's link to its master is up.
+func (s *Server) waitSynced() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	rdb := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1})
+	defer rdb.Close()
+	for {
+		info, err := rdb.Info(ctx, "replication").Result()
+		if err == nil && strings.Contains(info, "master_link_status:up") {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("replica on %s not in sync after 10s", s.Addr)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
 // Restart kills the server and starts a new one on the same port and
 // directory, as a crash and a supervisor's restart would: with persistence
 // off it comes back empty. The caller must Stop the new one.
@@ -176,7 +227,7 @@ func (s *Server) Restart() (*Server, error) {
 	var last error
 	// The port may linger a moment after the kill.
 	for range 50 {
-		n, err := launch(s.bin, s.dir, s.port, s.Cluster)
+		n, err := launch(s.bin, s.dir, s.port, s.Cluster, s.extra)
 		if err == nil {
 			return n, nil
 		}

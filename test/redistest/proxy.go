@@ -17,7 +17,6 @@ import (
 type Proxy struct {
 	// Addr is where clients connect.
 	Addr     string
-	target   string
 	ln       net.Listener
 	cut      atomic.Pointer[[]byte] // a command whose next reply to drop
 	cuts     atomic.Int64
@@ -25,9 +24,10 @@ type Proxy struct {
 	refusals atomic.Int64
 	wg       sync.WaitGroup
 
-	mu    sync.Mutex
-	down  bool
-	conns map[net.Conn]bool // open client connections
+	mu     sync.Mutex
+	target string
+	down   bool
+	conns  map[net.Conn]bool // open client connections
 }
 
 // NewProxy forwards connections on a free loopback port to target until t
@@ -85,6 +85,17 @@ func (p *Proxy) refused(chunk []byte) bool {
 	return true
 }
 
+// SetTarget sends new connections to addr and closes the open ones, as a
+// failover that moves a service address to another server does.
+func (p *Proxy) SetTarget(addr string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.target = addr
+	for c := range p.conns {
+		_ = c.Close()
+	}
+}
+
 // SetDown cuts the server off, or brings it back: while down, every open
 // connection is closed and new ones are closed at once, as when the
 // network between client and server fails. The server keeps its data.
@@ -99,18 +110,19 @@ func (p *Proxy) SetDown(down bool) {
 	}
 }
 
-// track registers an accepted client connection, or refuses it while down.
-func (p *Proxy) track(c net.Conn) bool {
+// track registers an accepted client connection and returns the server to
+// send it to, or "" while down.
+func (p *Proxy) track(c net.Conn) string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.down {
-		return false
+		return ""
 	}
 	if p.conns == nil {
 		p.conns = map[net.Conn]bool{}
 	}
 	p.conns[c] = true
-	return true
+	return p.target
 }
 
 func (p *Proxy) untrack(c net.Conn) {
@@ -126,11 +138,12 @@ func (p *Proxy) accept() {
 		if err != nil {
 			return
 		}
-		if !p.track(client) {
+		target := p.track(client)
+		if target == "" {
 			_ = client.Close()
 			continue
 		}
-		server, err := net.Dial("tcp", p.target)
+		server, err := net.Dial("tcp", target)
 		if err != nil {
 			p.untrack(client)
 			_ = client.Close()

@@ -37,6 +37,19 @@ func start(t testing.TB, cluster bool) *Server {
 	return &Server{s}
 }
 
+// StartReplica starts a server that replicates the master at addr (a proxy
+// in front of one will do), in sync when it returns, and stops it when t
+// ends.
+func StartReplica(t testing.TB, addr string) *Server {
+	t.Helper()
+	s, err := redisproc.RunReplica(t.TempDir(), addr)
+	if err != nil {
+		t.Fatalf("redistest: %v", err)
+	}
+	t.Cleanup(s.Stop)
+	return &Server{s}
+}
+
 // Restart kills the server and starts it again on the same port, empty
 // (no persistence), as a crash and a restart would; the new one stops when
 // t ends. Clients of the old one reconnect to it.

@@ -1,0 +1,77 @@
+package optimistic
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// cmd is one command of a transaction's body: its name and arguments.
+type cmd []any
+
+// pipeliner is what a client and a transaction both offer.
+type pipeliner interface {
+	Pipelined(ctx context.Context, fn func(redis.Pipeliner) error) ([]redis.Cmder, error)
+}
+
+// errUnreplicated says a write happened on the master but fewer replicas
+// than Options.MinReplicas acknowledged it in time: a failover may lose it.
+var errUnreplicated = errors.New("optimistic: too few replicas acknowledged the write")
+
+// multi sends MULTI, body and EXEC in one round trip on c, followed, when
+// the store asks replicas to acknowledge its writes (Options.MinReplicas),
+// by WAIT in the same round trip. It returns EXEC's replies, one per body
+// command, and whether EXEC ran (which drops any WATCH of c). An aborted
+// EXEC (a watched key changed) is redis.TxFailedErr; too few
+// acknowledgements is errUnreplicated, with the replies: the writes did
+// happen on the master.
+//
+// The commands go out as plain ones (MULTI and EXEC included) so that WAIT
+// can follow EXEC in the same round trip, which go-redis's TxPipelined
+// cannot do; each queued command answers QUEUED, and EXEC the results.
+func (s *Store) multi(ctx context.Context, c pipeliner, body []cmd) (replies []any, ran bool, err error) {
+	var (
+		exec *redis.Cmd
+		wait *redis.Cmd
+	)
+	// The pipeline's own error is the first command's: EXEC's and WAIT's
+	// are read below.
+	_, _ = c.Pipelined(ctx, func(p redis.Pipeliner) error {
+		p.Do(ctx, "multi")
+		for _, c := range body {
+			p.Do(ctx, c...)
+		}
+		exec = p.Do(ctx, "exec")
+		if s.opts.MinReplicas > 0 {
+			wait = p.Do(ctx, "wait", s.opts.MinReplicas, s.opts.ReplicaTimeout.Milliseconds())
+		}
+		return nil
+	})
+	switch err := exec.Err(); {
+	case errors.Is(err, redis.Nil):
+		return nil, true, redis.TxFailedErr
+	case redis.IsExecAbortError(err):
+		return nil, true, err
+	case err != nil:
+		// Sent or not, ran or not: the caller cannot know.
+		return nil, false, err
+	}
+	replies, _ = exec.Val().([]any)
+	for _, r := range replies {
+		if rerr, ok := r.(error); ok {
+			return replies, true, rerr
+		}
+	}
+	if wait != nil {
+		n, err := wait.Int64()
+		if err != nil {
+			return replies, true, fmt.Errorf("%w: %w", errUnreplicated, err)
+		}
+		if n < int64(s.opts.MinReplicas) {
+			return replies, true, fmt.Errorf("%w: %d of %d within %v", errUnreplicated, n, s.opts.MinReplicas, s.opts.ReplicaTimeout)
+		}
+	}
+	return replies, true, nil
+}
