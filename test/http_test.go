@@ -92,7 +92,7 @@ type serviceOptions struct {
 	redis *redistest.Server
 	// minReplicas is the store's Options.MinReplicas.
 	minReplicas int
-	beforeGet func(id string)
+	beforeGet   func(id string)
 	// wrap, if set, wraps the lease store the broker uses, to inject faults.
 	wrap func(optimistic.LeaseStore) optimistic.LeaseStore
 }

@@ -252,6 +252,12 @@ func TestHTTPFailoverToLaggingReplica(t *testing.T) {
 	require.Equal(t, 1, holders, "one holder after the failover")
 }
 
+// The control: without acknowledgements the same failover does hand the
+// key to a second caller, so the story above really loses a write.
+func TestHTTPFailoverWithoutAcksOversells(t *testing.T) {
+	require.Equal(t, 2, failover(t, 0), "the cut link lost the first grant")
+}
+
 // failover runs that story with the store's MinReplicas set to acks and
 // returns how many callers hold the limit-1 key at the end.
 func failover(t *testing.T, acks int) int {
