@@ -1,6 +1,7 @@
 package handlers
 
 import (
+	"context"
 	"net/http"
 	"time"
 
@@ -96,8 +97,15 @@ func (m *Metrics) watchBacklog(backlog func() broker.Backlog) {
 	)
 }
 
-// watchLosses exports the keys the lease store lost, read at each scrape.
-func (m *Metrics) watchLosses(losses func() broker.LossReport) {
+// watchLosses exports the keys the lease store lost, read at each scrape
+// (the catalog's count, bounded to a second).
+func (m *Metrics) watchLosses(report func(context.Context) (broker.LossReport, error)) {
+	losses := func() broker.LossReport {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		l, _ := report(ctx)
+		return l
+	}
 	m.reg.MustRegister(
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "credpool_store_lost_keys_held",
@@ -105,7 +113,7 @@ func (m *Metrics) watchLosses(losses func() broker.LossReport) {
 		}, func() float64 { return float64(losses().Held) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "credpool_store_lost_keys_total",
-			Help: "Keys found missing from the lease store although it had them (a restart without persistence, a flush, a failover).",
+			Help: "Keys this process found missing from the lease store although it had them (a restart without persistence, a flush, a failover).",
 		}, func() float64 { return float64(losses().Total) }),
 	)
 }

@@ -41,7 +41,7 @@ type Admin interface {
 	SetAlias(ctx context.Context, provider, alias, model string) error
 	Ready(ctx context.Context) error
 	// Losses reports keys the lease store lost and that are held back.
-	Losses() broker.LossReport
+	Losses(ctx context.Context) (broker.LossReport, error)
 }
 
 // MinKeyLen is the shortest internal or admin key New accepts.
@@ -119,7 +119,7 @@ func New(cfg Config) (http.Handler, error) {
 			return
 		}
 		body := gin.H{"status": "ok", "store": cfg.Store}
-		if l := cfg.Admin.Losses(); l.Held > 0 {
+		if l, err := cfg.Admin.Losses(c.Request.Context()); err == nil && l.Held > 0 {
 			// Serving, but not all keys: say which part and until when.
 			body["status"] = "degraded"
 			body["store_lost_keys"] = gin.H{"held": l.Held, "until": l.Until.UTC()}

@@ -131,7 +131,7 @@ func (k KeyState) Validate() error {
 		return err
 	}
 	if !k.Status.Valid() {
-		return invalidf("status %q of key %s: unknown", k.Status, k.ID)
+		return invalidf("status of key %s: unknown", k.ID)
 	}
 	return nil
 }

@@ -35,7 +35,8 @@ func ValidID(s string) bool {
 func checkIDs(pairs ...string) error {
 	for i := 0; i+1 < len(pairs); i += 2 {
 		if !ValidID(pairs[i+1]) {
-			return invalidf("%s %q: want 1-128 characters of [A-Za-z0-9._-], starting with a letter or digit", pairs[i], pairs[i+1])
+			// The value is not quoted: a caller may have put a secret there.
+			return invalidf("%s: want 1-128 characters of [A-Za-z0-9._-], starting with a letter or digit", pairs[i])
 		}
 	}
 	return nil

@@ -436,7 +436,21 @@ func TestHTTPErrorsEchoNoValues(t *testing.T) {
 		require.Equal(t, http.StatusBadRequest, code, "%v", out)
 		require.NotContains(t, fmt.Sprint(out), pasted)
 	}
-	code, _, out := s.internal(t, "allocate-key", map[string]any{"provider": "openai", "model": "m", "lease_seconds": pasted})
+	// Values that fail validation deeper down, in the catalog.
+	const invalid = "sk live/pasted+secret"
+	for _, body := range []map[string]any{
+		{"provider": invalid, "pool": "default", "models": []string{"m"}, "secret": "s"},
+		{"provider": "openai", "pool": invalid, "models": []string{"m"}, "secret": "s"},
+		{"provider": "openai", "pool": "default", "models": []string{invalid}, "secret": "s"},
+	} {
+		code, out := s.admin(t, http.MethodPut, "keys/k", body)
+		require.Equal(t, http.StatusBadRequest, code, "%v", out)
+		require.NotContains(t, fmt.Sprint(out), invalid)
+	}
+	code, out := s.admin(t, http.MethodPut, "aliases/openai/gpt-4o", map[string]any{"model": invalid})
+	require.Equal(t, http.StatusBadRequest, code, "%v", out)
+	require.NotContains(t, fmt.Sprint(out), invalid)
+	code, _, out = s.internal(t, "allocate-key", map[string]any{"provider": "openai", "model": "m", "lease_seconds": pasted})
 	require.Equal(t, http.StatusBadRequest, code)
 	require.NotContains(t, fmt.Sprint(out), pasted)
 	require.NotContains(t, s.logs.String(), pasted)

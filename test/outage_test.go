@@ -230,10 +230,10 @@ func TestHTTPRedisLosesStateUnderLoad(t *testing.T) {
 		time.Sleep(1500 * time.Millisecond)
 		mark()
 		require.NoError(t, rdb.FlushAll(t.Context()).Err())
-		time.Sleep(3 * time.Second)
+		time.Sleep(4 * time.Second) // a 2s quarantine, with room to spare
 		mark()
 		s.redis = s.redis.Restart(t)
-		time.Sleep(3 * time.Second)
+		time.Sleep(4 * time.Second)
 	})
 	require.Positive(t, marks[0], "grants before the flush")
 	require.Greater(t, marks[1], marks[0], "grants after the flush's quarantine")

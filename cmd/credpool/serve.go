@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
 	"strconv"
@@ -153,7 +154,7 @@ func serve(args []string) error {
 	store, storeName := st.leases, st.name
 	opts := &broker.Options{
 		Weights: &weights, Pools: pools, Requests: st.requests, Logger: log,
-		MaxLease: cfg.maxLease, Losses: broker.NewLosses(),
+		MaxLease: cfg.maxLease, Losses: broker.NewLosses(), StoreID: st.id,
 	}
 	admin := broker.NewAdmin(cat, store, opts)
 	if cfg.demo {
@@ -231,7 +232,10 @@ const redisPoolTimeout = time.Second
 
 // leaseStore is the active lease store and its request log.
 type leaseStore struct {
-	name     string
+	name string
+	// id names this store in the catalog's record of synced keys: the
+	// same Redis (or file) again is the same store, whatever it lost.
+	id       string
 	leases   optimistic.LeaseStore
 	requests broker.RequestLog
 	close    func()
@@ -249,7 +253,7 @@ func openStore(ctx context.Context, cfg serveConfig, db *sql.DB) (leaseStore, er
 		if err != nil {
 			return leaseStore{}, err
 		}
-		return leaseStore{name: "sqlite", leases: s, requests: requests, close: func() {}}, nil
+		return leaseStore{name: "sqlite", id: "sqlite", leases: s, requests: requests, close: func() {}}, nil
 	}
 	// The URL may carry a password: errors must not echo it.
 	badURL := errors.New("--redis: not a valid Redis URL, want redis://[user:password@]host:port[/db]")
@@ -280,7 +284,18 @@ func openStore(ctx context.Context, cfg serveConfig, db *sql.DB) (leaseStore, er
 	}
 	// The request log lives beside the leases, under the store's prefix.
 	requests := requestlog.NewRedis(rdb, "credpool")
-	return leaseStore{name: "redis", leases: s, requests: requests, close: func() { _ = rdb.Close() }}, nil
+	return leaseStore{name: "redis", id: redisID(cfg.redisURL), leases: s, requests: requests, close: func() { _ = rdb.Close() }}, nil
+}
+
+// redisID names a Redis by its URL's addresses and database, without its
+// credentials: rotating a password is no move to another store.
+func redisID(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "redis"
+	}
+	u.User = nil
+	return "redis " + u.String()
 }
 
 // ensureKeys refuses to run without both API keys, except in --dev mode,
@@ -344,7 +359,7 @@ func devSecretKey(path string) (string, error) {
 	if !errors.Is(err, os.ErrNotExist) {
 		return "", fmt.Errorf("dev secret key: %w", err)
 	}
-	key, err := catalog.NewKey()
+	key, err := catalog.NewSealerKey()
 	if err != nil {
 		return "", err
 	}

@@ -17,6 +17,7 @@ type AdminCatalog interface {
 	Delete(ctx context.Context, id string) error
 	SetAlias(ctx context.Context, provider, alias, model string) error
 	Ping(ctx context.Context) error
+	Quarantined(ctx context.Context, now time.Time) (int, time.Time, error)
 	syncCatalog
 }
 
@@ -29,11 +30,11 @@ type Admin struct {
 }
 
 // NewAdmin returns an Admin over a catalog and a lease store. Of opts it
-// uses MaxLease, Losses and Logger: give it the Broker's.
+// uses MaxLease, Losses, StoreID and Logger: give it the Broker's.
 func NewAdmin(c AdminCatalog, s optimistic.LeaseStore, opts *Options) *Admin {
 	o := opts.withDefaults()
 	return &Admin{
-		syncer:  syncer{catalog: c, store: s, losses: o.Losses, maxLease: o.MaxLease, log: o.Logger},
+		syncer:  syncer{catalog: c, store: s, storeID: o.StoreID, losses: o.Losses, maxLease: o.MaxLease, log: o.Logger},
 		catalog: c, store: s,
 	}
 }
@@ -139,15 +140,22 @@ func (a *Admin) Sync(ctx context.Context) (int, error) {
 		return 0, err
 	}
 	for i, k := range keys {
-		if _, _, err := a.sync(ctx, k, infos[i]); err != nil {
+		if _, _, err := a.sync(ctx, k, infos[i]); err != nil && !errors.Is(err, catalog.ErrNotFound) {
 			return i, err
 		}
 	}
 	return len(keys), nil
 }
 
-// Losses reports the keys found lost from the store and held back.
-func (a *Admin) Losses() LossReport { return a.losses.Report(time.Now()) }
+// Losses reports the keys held back after the store lost them (every
+// instance's findings, from the catalog) and how many this process found.
+func (a *Admin) Losses(ctx context.Context) (LossReport, error) {
+	n, until, err := a.catalog.Quarantined(ctx, time.Now())
+	if err != nil {
+		return LossReport{}, catalogErr(ctx, "count quarantined keys", err)
+	}
+	return LossReport{Held: n, Until: until, Total: a.losses.total.Load()}, nil
+}
 
 // SetAlias makes alias name model for the provider's requests.
 func (a *Admin) SetAlias(ctx context.Context, provider, alias, model string) error {

@@ -90,8 +90,15 @@ type Options struct {
 	// Losses counts keys the store lost; give the Broker and its Admin the
 	// same one.
 	//
-	// default: a tracker of the Broker's own
+	// default: a counter of the Broker's own
 	Losses *Losses
+	// StoreID names the lease store in the catalog's record of which keys
+	// reached it, so that a key it lacks tells a loss (it had the key)
+	// from a new store (a move to another Redis, say), which starts
+	// afresh.
+	//
+	// default: ""
+	StoreID string
 	// Logger receives one line per decision worth knowing (a grant given
 	// back, a cache repair). It logs key and lease ids, never secrets.
 	//
@@ -136,7 +143,7 @@ type Broker struct {
 func New(c Catalog, s optimistic.LeaseStore, opts *Options) *Broker {
 	o := opts.withDefaults()
 	b := &Broker{
-		syncer:  syncer{catalog: c, store: s, losses: o.Losses, maxLease: o.MaxLease, log: o.Logger},
+		syncer:  syncer{catalog: c, store: s, storeID: o.StoreID, losses: o.Losses, maxLease: o.MaxLease, log: o.Logger},
 		catalog: c, store: s, requests: o.Requests, weights: DefaultWeights(), pools: o.Pools, log: o.Logger,
 		backlog: newBacklog(s, o.Logger),
 		rng:     rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
@@ -311,6 +318,11 @@ func (b *Broker) allocate(ctx context.Context, req Request, model string) (Grant
 		}
 		err = p.allocate(ctx, cands)
 		var full *optimistic.CapacityError
+		if errors.As(err, &full) && b.backlog.stuck(ids(cands)...) > 0 && b.backlog.round(ctx, ids(cands)...) {
+			// Full only because releases waited for the store, which now
+			// took them: ask again.
+			err = p.allocate(ctx, cands)
+		}
 		switch {
 		case err == nil:
 			return g, nil
@@ -332,7 +344,7 @@ func (b *Broker) allocate(ctx context.Context, req Request, model string) (Grant
 		return Grant{}, fmt.Errorf("%w: no key of provider %s in pools %v serves model %s", ErrPolicy, req.Provider, pools, model)
 	case stuck > 0:
 		// "Full" would blame the callers for slots the store failed to
-		// give back: the store is the problem.
+		// give back, and still fails to: the store is the problem.
 		return Grant{Stats: g.Stats}, fmt.Errorf("%w: %d releases on these keys wait for the store to recover", optimistic.ErrStore, stuck)
 	case contended:
 		return Grant{Stats: g.Stats}, fmt.Errorf("%w: provider %s, pools %v", optimistic.ErrContended, req.Provider, pools)
@@ -362,7 +374,7 @@ func (b *Broker) validate(req Request) error {
 		return fmt.Errorf("%w: model: want 1-256 characters", optimistic.ErrInvalid)
 	}
 	if req.RequestID != "" && !optimistic.ValidID(req.RequestID) {
-		return fmt.Errorf("%w: request_id %q: want 1-128 characters of [A-Za-z0-9._-]", optimistic.ErrInvalid, req.RequestID)
+		return fmt.Errorf("%w: request_id: want 1-128 characters of [A-Za-z0-9._-]", optimistic.ErrInvalid)
 	}
 	return nil
 }

@@ -148,14 +148,28 @@ type hookStore struct {
 	*sqlitestore.Store
 	fault   func(req optimistic.AllocateRequest) error
 	granted func(l optimistic.Lease)
-	// releaseDown makes Release fail as a store outage would while set.
-	releaseDown atomic.Bool
+	// releaseDown makes Release fail as a store outage would while set;
+	// releaseHang makes it wait for its ctx first, as a hung store does.
+	releaseDown, releaseHang atomic.Bool
+	// afterHolds, if set, runs after each Holds.
+	afterHolds func()
 
 	mu    sync.Mutex
 	calls []allocCall
 }
 
+func (s *hookStore) Holds(ctx context.Context, ref optimistic.LeaseRef) (time.Time, error) {
+	until, err := s.Store.Holds(ctx, ref)
+	if s.afterHolds != nil {
+		s.afterHolds()
+	}
+	return until, err
+}
+
 func (s *hookStore) Release(ctx context.Context, ref optimistic.LeaseRef) error {
+	if s.releaseHang.Load() {
+		<-ctx.Done()
+	}
 	if s.releaseDown.Load() {
 		return optimistic.Classify(ctx, "release", errInjected)
 	}
@@ -202,6 +216,8 @@ type flakyCatalog struct {
 	markUsed func(id string) error
 	// failReports is how many Reports to fail before the real ones.
 	failReports atomic.Int32
+	// beforeQuarantine, if set, runs before each Quarantine.
+	beforeQuarantine func(id string)
 
 	mu   sync.Mutex
 	gets int
@@ -239,6 +255,13 @@ func (c *flakyCatalog) Report(ctx context.Context, id, leaseID string, o catalog
 		return catalog.Key{}, optimistic.Classify(ctx, "report", errInjected)
 	}
 	return c.SQL.Report(ctx, id, leaseID, o, retryAfter, now)
+}
+
+func (c *flakyCatalog) Quarantine(ctx context.Context, id string, until, now time.Time) (catalog.Key, error) {
+	if c.beforeQuarantine != nil {
+		c.beforeQuarantine(id)
+	}
+	return c.SQL.Quarantine(ctx, id, until, now)
 }
 
 // cancelingCatalog ends the request's context on the first Get, as a

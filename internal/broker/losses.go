@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/credpool/credpool/internal/catalog"
@@ -15,56 +15,28 @@ import (
 // Options.MaxLease is not set.
 const DefaultMaxLease = time.Hour
 
-// Losses counts the keys found lost from the lease store and held back,
-// for the metrics and /readyz. It is safe for concurrent use; a Broker and
-// its Admin share one.
-type Losses struct {
-	mu    sync.Mutex
-	total int64
-	held  map[string]time.Time // key id → end of its quarantine
-}
+// Losses counts the keys this process found lost from the lease store,
+// for the metrics. It is safe for concurrent use; a Broker and its Admin
+// share one. Which keys are held back now is the catalog's to say (it
+// keeps each quarantine), so every instance agrees on it.
+type Losses struct{ total atomic.Int64 }
 
-// NewLosses returns an empty tracker.
-func NewLosses() *Losses { return &Losses{held: map[string]time.Time{}} }
+// NewLosses returns a zero counter.
+func NewLosses() *Losses { return &Losses{} }
 
-// LossReport is what Losses knows at one moment.
+// LossReport says which keys the store lost are held back.
 type LossReport struct {
 	// Held is the number of keys held back now; Until is when the last of
 	// them takes leases again.
 	Held  int
 	Until time.Time
-	// Total counts the keys found lost since start.
+	// Total counts the keys this process found lost since it started.
 	Total int64
-}
-
-func (l *Losses) add(keyID string, until time.Time) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.total++
-	l.held[keyID] = until
-}
-
-// Report says what is held back at now, forgetting what no longer is.
-func (l *Losses) Report(now time.Time) LossReport {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	r := LossReport{Total: l.total}
-	for id, until := range l.held {
-		if !until.After(now) {
-			delete(l.held, id)
-			continue
-		}
-		r.Held++
-		if until.After(r.Until) {
-			r.Until = until
-		}
-	}
-	return r
 }
 
 // syncCatalog is what syncing a key needs from the catalog.
 type syncCatalog interface {
-	MarkSynced(ctx context.Context, id string, at time.Time) error
+	MarkSynced(ctx context.Context, id, store string, at time.Time) error
 	Quarantine(ctx context.Context, id string, until, now time.Time) (catalog.Key, error)
 }
 
@@ -74,20 +46,21 @@ type syncCatalog interface {
 type syncer struct {
 	catalog  syncCatalog
 	store    optimistic.LeaseStore
+	storeID  string // the store's name in the catalog's synced records
 	losses   *Losses
 	maxLease time.Duration
 	log      *slog.Logger
 }
 
 // sync writes k, as the catalog has it, into the store, whose view of it is
-// in (read before k). If the store lacks a key it had (k.SyncedAt is set),
-// it lost state:
-// leases it forgot may still be in use for up to maxLease, so the key is
-// quarantined (a cooldown until then, in the catalog and the store) rather
-// than handed out again at once. It returns the key as synced and whether
-// it was quarantined.
+// in (read before k). If the store lacks a key it had (k.SyncedAt is set
+// for this store), it lost state: leases it forgot may still be in use for
+// up to maxLease, so the key is quarantined (held back until then, in the
+// catalog and so in the store) rather than handed out again at once. It
+// returns the key as synced and whether it was found lost. A key deleted
+// from the catalog meanwhile is catalog.ErrNotFound.
 func (s syncer) sync(ctx context.Context, k catalog.Key, in optimistic.KeyInfo) (catalog.Key, bool, error) {
-	lost := !in.Exists && !k.SyncedAt.IsZero()
+	lost := !in.Exists && !k.SyncedAt.IsZero() && k.SyncedStore == s.storeID
 	if lost {
 		// in may predate k: another broker may have synced the key since
 		// (it syncs before it marks the key synced, so a store read after k
@@ -111,17 +84,34 @@ func (s syncer) sync(ctx context.Context, k catalog.Key, in optimistic.KeyInfo) 
 		return k, false, err
 	}
 	if lost {
-		s.losses.add(k.ID, k.CooldownUntil)
+		s.losses.total.Add(1)
 		s.log.WarnContext(ctx, "the lease store lost this key's state: no grants on it until every lease it may have had has ended",
-			"key_id", k.ID, "until", k.CooldownUntil)
+			"key_id", k.ID, "until", k.QuarantineUntil)
 		return k, true, nil
 	}
-	if k.SyncedAt.IsZero() {
-		err := s.catalog.MarkSynced(ctx, k.ID, now)
+	if k.SyncedAt.IsZero() || k.SyncedStore != s.storeID {
+		err := s.catalog.MarkSynced(ctx, k.ID, s.storeID, now)
 		if err != nil && !errors.Is(err, catalog.ErrNotFound) {
 			return k, false, catalogErr(ctx, "mark synced", err)
 		}
-		k.SyncedAt = now
+		k.SyncedAt, k.SyncedStore = now, s.storeID
 	}
 	return k, false, nil
+}
+
+// resync is sync with a fresh read of the store: for a key changed in the
+// catalog (a report, a grant given back) that the store may have lost
+// since it was last read. A loss in the one round trip between that read
+// and the write goes unnoticed (the write recreates the key); closing it
+// would take a store write that never creates a key.
+func (s syncer) resync(ctx context.Context, k catalog.Key) error {
+	infos, err := s.store.Inspect(ctx, k.ID)
+	if err != nil {
+		return err
+	}
+	_, _, err = s.sync(ctx, k, infos[0])
+	if errors.Is(err, catalog.ErrNotFound) {
+		return nil
+	}
+	return err
 }

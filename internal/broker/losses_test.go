@@ -1,12 +1,14 @@
 package broker_test
 
 import (
+	"errors"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/credpool/credpool/internal/broker"
+	"github.com/credpool/credpool/internal/catalog"
 	"github.com/credpool/credpool/optimistic"
 )
 
@@ -17,10 +19,15 @@ import (
 // with a fencing token above every earlier one.
 func TestLostKeyIsHeldBack(t *testing.T) {
 	e := newEnv(t, key("a", "default", 1))
-	losses := broker.NewLosses()
 	const maxLease = 1500 * time.Millisecond
-	opts := &broker.Options{Requests: e.requests, Logger: e.log, MaxLease: maxLease, Losses: losses}
+	opts := &broker.Options{Requests: e.requests, Logger: e.log, MaxLease: maxLease, Losses: broker.NewLosses()}
 	b := broker.New(e.cat, e.store, opts)
+	admin := broker.NewAdmin(e.cat, e.store, opts)
+	losses := func() broker.LossReport {
+		l, err := admin.Losses(t.Context())
+		require.NoError(t, err)
+		return l
+	}
 	r := req("default")
 	r.TTL = maxLease
 	held := allocate(t, b, r)
@@ -29,18 +36,72 @@ func TestLostKeyIsHeldBack(t *testing.T) {
 	before := time.Now()
 	_, err := b.Allocate(t.Context(), r)
 	full := capacityError(t, err)
-	require.WithinDuration(t, before.Add(maxLease), full.FreeAt, time.Second, "held back for MaxLease")
-	require.Equal(t, optimistic.StatusCooldown, e.get(t, "a").Status)
+	require.WithinDuration(t, before.Add(maxLease), full.FreeAt, 200*time.Millisecond, "held back for MaxLease")
+	require.False(t, full.Held, "a quarantine's end is exact")
+	require.Equal(t, full.FreeAt.UnixMilli(), e.get(t, "a").QuarantineUntil.UnixMilli())
 	require.Equal(t, optimistic.StatusCooldown, e.info(t, "a").Status, "the store refuses it too")
-	require.Equal(t, 1, losses.Report(time.Now()).Held)
+	require.Equal(t, broker.LossReport{Held: 1, Until: e.get(t, "a").QuarantineUntil, Total: 1}, losses())
+
+	// An admin's upsert (a new model, say) does not lift it.
+	k := key("a", "default", 1)
+	k.Models = append(k.Models, "gpt-4o-mini")
+	_, err = admin.Put(t.Context(), k)
+	require.NoError(t, err)
 	_, err = b.Allocate(t.Context(), r)
 	capacityError(t, err)
-	require.Equal(t, int64(1), losses.Report(time.Now()).Total, "found once")
+	require.Equal(t, int64(1), losses().Total, "found once")
 
 	time.Sleep(time.Until(full.FreeAt) + 50*time.Millisecond)
 	again := allocate(t, b, r)
 	require.Greater(t, again.Fence, held.Fence, "fencing tokens never go back")
-	require.Zero(t, losses.Report(time.Now()).Held)
+	require.Zero(t, losses().Held)
+	require.True(t, e.get(t, "a").QuarantineUntil.IsZero(), "cleared once over")
+}
+
+// A report that updates the store (a rate limit) after the store lost the
+// key must not bring it back unnoticed: the key is held back.
+func TestReportAfterLossHoldsBack(t *testing.T) {
+	e := newEnv(t, key("a", "default", 2))
+	opts := &broker.Options{Requests: e.requests, Logger: e.log, MaxLease: time.Hour}
+	b := broker.New(e.cat, e.store, opts)
+	g1, g2 := allocate(t, b, req("default")), allocate(t, b, req("default"))
+	s := &hookStore{Store: e.store}
+	bs := e.broker(e.cat, s)
+	// The store loses the key after the report checked the lease and
+	// before it records the rate limit and updates the store.
+	s.afterHolds = func() { require.NoError(t, e.store.DeleteKey(t.Context(), "a")) }
+	_ = bs.Report(t.Context(), g1.LeaseRef, catalog.OutcomeRateLimited, time.Millisecond)
+	s.afterHolds = nil
+	time.Sleep(5 * time.Millisecond) // the rate limit's cooldown is over
+	_, err := b.Allocate(t.Context(), req("default"))
+	capacityError(t, err)
+	require.False(t, e.get(t, "a").QuarantineUntil.IsZero(), "held back while g2 may still be in use")
+	_ = g2
+}
+
+// A key the store lacks because the service moved to another store is no
+// loss: it is synced and granted at once.
+func TestNewStoreIsNoLoss(t *testing.T) {
+	e := newEnv(t, key("a", "default", 1))
+	moved := broker.New(e.cat, e.store, &broker.Options{Logger: e.log, StoreID: "another-redis"})
+	require.NoError(t, e.store.DeleteKey(t.Context(), "a"))
+	allocate(t, moved, req("default"))
+	require.Equal(t, "another-redis", e.get(t, "a").SyncedStore)
+}
+
+// A quarantined key deleted meanwhile is gone, not a failure.
+func TestLostKeyDeletedMeanwhile(t *testing.T) {
+	e := newEnv(t, key("a", "default", 1), key("b", "default", 1))
+	c := &flakyCatalog{SQL: e.cat}
+	b := broker.New(c, e.store, &broker.Options{Logger: e.log})
+	allocate(t, b, req("default"))
+	require.NoError(t, e.store.DeleteKey(t.Context(), "a"))
+	require.NoError(t, e.store.DeleteKey(t.Context(), "b"))
+	c.beforeQuarantine = func(id string) { _ = e.cat.Delete(t.Context(), id) }
+	_, err := b.Allocate(t.Context(), req("default"))
+	require.NotErrorIs(t, err, catalog.ErrNotFound)
+	var full *optimistic.CapacityError
+	require.True(t, errors.As(err, &full) || errors.Is(err, broker.ErrPolicy), "%v", err)
 }
 
 // A key that never reached the store is no loss: the first sync grants at
@@ -63,7 +124,10 @@ func TestNewKeyIsNoLoss(t *testing.T) {
 	require.Equal(t, 2, n)
 	require.Equal(t, optimistic.StatusCooldown, e.info(t, "a").Status, "a was lost: held back")
 	require.Equal(t, optimistic.StatusAvailable, e.info(t, "b").Status, "b was new")
-	require.Equal(t, broker.LossReport{Held: 1, Until: admin.Losses().Until, Total: 1}, admin.Losses())
+	l, err := admin.Losses(t.Context())
+	require.NoError(t, err)
+	require.Equal(t, 1, l.Held)
+	require.Equal(t, int64(1), l.Total)
 }
 
 // The longest lease is a setting: a longer one is refused, for allocate

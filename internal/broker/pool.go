@@ -27,9 +27,10 @@ type poolRun struct {
 }
 
 // candidates returns the pool's keys that serve the model and may take a
-// lease now, the earliest cooldown end among those that serve it but are
-// still cooling, and whether any key serves the model at all. Passed
-// cooldowns are recovered in the catalog and the store on the way.
+// lease now, the earliest moment one of those that serve it but are held
+// back (a cooldown, a quarantine) frees up, and whether any key serves the
+// model at all. Passed cooldowns and quarantines are cleared in the
+// catalog on the way.
 func (p *poolRun) candidates(ctx context.Context, keys []catalog.Key) (cands []catalog.Key, cooling time.Time, served bool) {
 	now := time.Now()
 	for _, k := range keys {
@@ -38,12 +39,10 @@ func (p *poolRun) candidates(ctx context.Context, keys []catalog.Key) (cands []c
 		}
 		served = true
 		if !k.Usable(now) {
-			if k.Status == optimistic.StatusRateLimited || k.Status == optimistic.StatusCooldown {
-				cooling = earliest(cooling, k.CooldownUntil)
-			}
+			cooling = earliest(cooling, k.UsableAt())
 			continue
 		}
-		if k.Status != optimistic.StatusAvailable {
+		if k.Status != optimistic.StatusAvailable || !k.QuarantineUntil.IsZero() {
 			k = p.recover(ctx, k, now)
 		}
 		cands = append(cands, k)
@@ -65,7 +64,10 @@ func (p *poolRun) recover(ctx context.Context, k catalog.Key, now time.Time) cat
 	if !changed {
 		return k
 	}
-	k.Status, k.CooldownUntil = optimistic.StatusAvailable, time.Time{}
+	if k.Status == optimistic.StatusRateLimited || k.Status == optimistic.StatusCooldown {
+		k.Status, k.CooldownUntil = optimistic.StatusAvailable, time.Time{}
+	}
+	k.QuarantineUntil = time.Time{}
 	return k
 }
 
@@ -75,7 +77,7 @@ func (p *poolRun) recover(ctx context.Context, k catalog.Key, now time.Time) cat
 // asks once more. A grant the catalog no longer backs is given back and the
 // rest tried.
 func (p *poolRun) allocate(ctx context.Context, cands []catalog.Key) error {
-	order, infos, err := p.rank(ctx, cands)
+	order, err := p.rank(ctx, cands)
 	if err != nil {
 		return err
 	}
@@ -89,7 +91,7 @@ func (p *poolRun) allocate(ctx context.Context, cands []catalog.Key) error {
 		p.grant.Stats.Pruned += st.Pruned
 		if errors.Is(err, optimistic.ErrNoCapacity) && !repaired {
 			repaired = true
-			n, rerr := p.repair(ctx, cands, infos)
+			n, rerr := p.repair(ctx, cands)
 			if rerr != nil {
 				return rerr
 			}
@@ -115,11 +117,11 @@ func (p *poolRun) allocate(ctx context.Context, cands []catalog.Key) error {
 }
 
 // rank orders cands best first, reading their live state from the store
-// in one round trip; it returns that state too, in cands' order.
-func (p *poolRun) rank(ctx context.Context, cands []catalog.Key) ([]string, []optimistic.KeyInfo, error) {
+// in one round trip.
+func (p *poolRun) rank(ctx context.Context, cands []catalog.Key) ([]string, error) {
 	infos, err := p.store.Inspect(ctx, ids(cands)...)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	rc := make([]Candidate, len(cands))
 	for i, k := range cands {
@@ -135,7 +137,7 @@ func (p *poolRun) rank(ctx context.Context, cands []catalog.Key) ([]string, []op
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.weights.Rank(rc, time.Now(), p.rng), infos, nil
+	return p.weights.Rank(rc, time.Now(), p.rng), nil
 }
 
 // repair syncs into the store every candidate whose store state differs
@@ -143,7 +145,12 @@ func (p *poolRun) rank(ctx context.Context, cands []catalog.Key) ([]string, []op
 // own snapshot may be older than an admin's latest sync. A candidate the
 // store lost is quarantined instead (see syncer.sync). It returns how many
 // it synced and may now grant; none means the pool is really full.
-func (p *poolRun) repair(ctx context.Context, cands []catalog.Key, infos []optimistic.KeyInfo) (int, error) {
+func (p *poolRun) repair(ctx context.Context, cands []catalog.Key) (int, error) {
+	// Read again: the store may have lost state since it was ranked.
+	infos, err := p.store.Inspect(ctx, ids(cands)...)
+	if err != nil {
+		return 0, err
+	}
 	n := 0
 	for i, k := range cands {
 		if !differs(infos[i], k.LeaseState()) {
@@ -157,12 +164,15 @@ func (p *poolRun) repair(ctx context.Context, cands []catalog.Key, infos []optim
 			return n, catalogErr(ctx, "repair", err)
 		}
 		synced, lost, err := p.sync(ctx, fresh, infos[i])
+		if errors.Is(err, catalog.ErrNotFound) {
+			continue
+		}
 		if err != nil {
 			return n, err
 		}
 		if lost {
 			// Held back: frees up by itself once its quarantine ends.
-			p.cooling = earliest(p.cooling, synced.CooldownUntil)
+			p.cooling = earliest(p.cooling, synced.QuarantineUntil)
 			continue
 		}
 		n++
@@ -237,7 +247,7 @@ func (p *poolRun) giveBack(ctx context.Context, lease optimistic.Lease, reason s
 func (p *poolRun) align(ctx context.Context, id string, k catalog.Key, found bool) {
 	var err error
 	if found {
-		err = p.store.SyncKey(ctx, k.LeaseState())
+		err = p.resync(ctx, k)
 	} else {
 		err = p.store.DeleteKey(ctx, id)
 	}

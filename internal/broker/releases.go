@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 
@@ -71,7 +72,11 @@ func (q *backlog) add(ref optimistic.LeaseRef) {
 	}
 	if q.closed || len(q.pending) >= maxBacklog {
 		q.counts.Dropped++
-		q.log.Warn("release backlog full: the lease will expire by itself", "key_id", ref.KeyID, "lease_id", ref.LeaseID)
+		why := "release backlog full"
+		if q.closed {
+			why = "release backlog closed"
+		}
+		q.log.Warn(why+": the lease will expire by itself", "key_id", ref.KeyID, "lease_id", ref.LeaseID)
 		return
 	}
 	q.pending[ref.LeaseID] = ref
@@ -105,6 +110,16 @@ func (q *backlog) stats() Backlog {
 // failing, until none is left or Close.
 func (q *backlog) loop(done chan struct{}) {
 	defer close(done)
+	// A round in progress ends with close, which makes its own last one.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		select {
+		case <-q.stop:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
 	pause := minRetryPause
 	for {
 		jittered := time.Duration(float64(pause) * (0.5 + rand.Float64()))
@@ -113,7 +128,7 @@ func (q *backlog) loop(done chan struct{}) {
 			return
 		case <-time.After(jittered):
 		}
-		if q.round(context.Background()) {
+		if q.round(ctx) {
 			pause = minRetryPause
 		} else {
 			pause = min(2*pause, maxRetryPause)
@@ -129,24 +144,26 @@ func (q *backlog) loop(done chan struct{}) {
 	}
 }
 
-// round tries every pending release once and reports whether the store
-// answered them all.
-func (q *backlog) round(ctx context.Context) bool {
+// round tries the pending releases (of keyIDs only, if given) and reports
+// whether the store answered them all. It stops at the first failure: the
+// store is still down, and trying the rest would only keep the round (and
+// a shutdown, or a caller) waiting.
+func (q *backlog) round(ctx context.Context, keyIDs ...string) bool {
 	q.mu.Lock()
 	refs := make([]optimistic.LeaseRef, 0, len(q.pending))
 	for _, ref := range q.pending {
-		refs = append(refs, ref)
+		if len(keyIDs) == 0 || slices.Contains(keyIDs, ref.KeyID) {
+			refs = append(refs, ref)
+		}
 	}
 	q.mu.Unlock()
-	answered := true
 	for _, ref := range refs {
 		actx, cancel := context.WithTimeout(ctx, retryTimeout)
 		err := q.store.Release(actx, ref)
 		cancel()
 		lost := errors.Is(err, optimistic.ErrLeaseLost)
 		if err != nil && !lost {
-			answered = false
-			continue
+			return false
 		}
 		q.mu.Lock()
 		delete(q.pending, ref.LeaseID)
@@ -161,11 +178,12 @@ func (q *backlog) round(ctx context.Context) bool {
 		q.mu.Unlock()
 		q.log.Info("release retried", "key_id", ref.KeyID, "lease_id", ref.LeaseID, "released", !lost)
 	}
-	return answered
+	return true
 }
 
-// close stops the loop after one last round under ctx: a graceful shutdown
-// gives back what the store takes.
+// close stops the loop (a round under way ends at once) and makes one last
+// round under ctx: a graceful shutdown gives back what the store takes,
+// within ctx.
 func (q *backlog) close(ctx context.Context) {
 	q.mu.Lock()
 	if q.closed {

@@ -1,6 +1,7 @@
 package broker_test
 
 import (
+	"context"
 	"strconv"
 	"testing"
 	"time"
@@ -156,4 +157,47 @@ func TestRequestIDFollowsItsLease(t *testing.T) {
 	require.ErrorIs(t, err, requestlog.ErrReused)
 	require.Equal(t, 1, e.live(t, "a"))
 	require.Zero(t, e.live(t, "v"))
+}
+
+// Close keeps to its ctx even while the store hangs: it makes one last try
+// and gives up with ctx, however long the backlog.
+func TestCloseKeepsToItsDeadline(t *testing.T) {
+	e := newEnv(t, key("a", "default", 1))
+	s := &hookStore{Store: e.store}
+	b := e.broker(e.cat, s)
+	s.releaseDown.Store(true)
+	for i := range 50 {
+		ref := optimistic.LeaseRef{Provider: provider, Pool: "default", KeyID: "a", LeaseID: "l" + strconv.Itoa(i)}
+		require.Error(t, b.Release(t.Context(), ref))
+	}
+	s.releaseHang.Store(true)
+	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
+	defer cancel()
+	done := make(chan struct{})
+	go func() {
+		b.Close(ctx)
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close ignored its deadline")
+	}
+	require.Equal(t, 50, b.Backlog().Pending, "left to expire")
+}
+
+// A pool full only because of releases that waited for the store is
+// answered by a grant as soon as the store takes them, without waiting
+// for the background retry.
+func TestStuckReleasesFlushedOnDemand(t *testing.T) {
+	e := newEnv(t, key("a", "default", 1))
+	s := &hookStore{Store: e.store}
+	b := e.broker(e.cat, s)
+	t.Cleanup(func() { b.Close(t.Context()) })
+	g := allocate(t, b, req("default"))
+	s.releaseDown.Store(true)
+	require.Error(t, b.Release(t.Context(), g.LeaseRef))
+	s.releaseDown.Store(false)
+	allocate(t, b, req("default"))
+	require.Equal(t, broker.Backlog{Released: 1}, b.Backlog())
 }

@@ -85,7 +85,7 @@ func (b *Broker) Report(ctx context.Context, ref optimistic.LeaseRef, o catalog.
 		return err
 	}
 	if !o.Valid() {
-		return fmt.Errorf("%w: outcome %q: want success, error, rate_limited or auth_error", optimistic.ErrInvalid, o)
+		return fmt.Errorf("%w: outcome: want success, error, rate_limited or auth_error", optimistic.ErrInvalid)
 	}
 	if _, err := b.store.Holds(ctx, ref); err != nil {
 		return err
@@ -97,7 +97,7 @@ func (b *Broker) Report(ctx context.Context, ref optimistic.LeaseRef, o catalog.
 	case err != nil:
 		return catalogErr(ctx, "report", err)
 	case o == catalog.OutcomeRateLimited || o == catalog.OutcomeAuthError:
-		if err := b.store.SyncKey(ctx, k.LeaseState()); err != nil {
+		if err := b.resync(ctx, k); err != nil {
 			return err
 		}
 	}

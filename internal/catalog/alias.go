@@ -13,7 +13,7 @@ import (
 // earlier target. Resolution is one step: model is not itself resolved.
 func (s *SQL) SetAlias(ctx context.Context, provider, alias, model string) error {
 	if !optimistic.ValidID(provider) {
-		return invalidf("provider %q: want 1-128 characters of [A-Za-z0-9._-], starting with a letter or digit", provider)
+		return invalidf("provider: want 1-128 characters of [A-Za-z0-9._-], starting with a letter or digit")
 	}
 	if err := checkModel("alias", alias); err != nil {
 		return err

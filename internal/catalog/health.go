@@ -36,34 +36,35 @@ func (s *SQL) MarkUsed(ctx context.Context, id string, at time.Time) error {
 	return nil
 }
 
-// MarkSynced records that the key reached the lease store at at, unless
-// it did before: from then on, the store lacking the key means it lost
-// state (see Quarantine). A missing key is ErrNotFound.
-func (s *SQL) MarkSynced(ctx context.Context, id string, at time.Time) error {
-	res, err := s.exec(ctx, `UPDATE catalog_keys SET synced_at = COALESCE(synced_at, ?) WHERE id = ?`, at.UnixMilli(), id)
+// MarkSynced records that the key reached the lease store named store at
+// at, unless it had reached that store before: from then on, that store
+// lacking the key means it lost state (see Quarantine). A key synced to
+// another store before starts again. A missing key is ErrNotFound.
+func (s *SQL) MarkSynced(ctx context.Context, id, store string, at time.Time) error {
+	res, err := s.exec(ctx, `UPDATE catalog_keys SET
+		synced_at = CASE WHEN synced_store = ? AND synced_at IS NOT NULL THEN synced_at ELSE ? END,
+		synced_store = ?
+	WHERE id = ?`, store, at.UnixMilli(), store, id)
 	if err := found(res, err, id); err != nil {
 		return fail(ctx, fmt.Sprintf("mark key %q synced", id), err)
 	}
 	return nil
 }
 
-// Quarantine keeps the key from taking leases until until, as a cooldown:
-// status cooldown and cooldown_until at least until, unless the key is
-// disabled, pending or exhausted (it stays so). The broker uses it when the
-// lease store lost the key's state: leases it no longer knows of may still
-// be in use until then. It returns the key as updated, without its secret;
-// a missing key is ErrNotFound.
+// Quarantine keeps the key from taking leases until until (or later, if it
+// is held back longer already), whatever its status: the broker uses it
+// when the lease store lost the key's state, since leases it no longer
+// knows of may still be in use until then. Put leaves a quarantine alone.
+// It returns the key as updated, without its secret; a missing key is
+// ErrNotFound.
 func (s *SQL) Quarantine(ctx context.Context, id string, until, now time.Time) (Key, error) {
 	var k Key
 	err := s.inTx(ctx, fmt.Sprintf("quarantine key %q", id), func(tx *sql.Tx) error {
 		ms := until.UnixMilli()
 		res, err := tx.ExecContext(ctx, `UPDATE catalog_keys SET
-			status = CASE WHEN status IN (?, ?, ?) THEN ? ELSE status END,
-			cooldown_until = CASE WHEN cooldown_until IS NULL OR cooldown_until < ? THEN ? ELSE cooldown_until END,
+			quarantine_until = CASE WHEN quarantine_until IS NULL OR quarantine_until < ? THEN ? ELSE quarantine_until END,
 			updated_at = ?
-		WHERE id = ?`,
-			string(optimistic.StatusAvailable), string(optimistic.StatusRateLimited), string(optimistic.StatusCooldown),
-			string(optimistic.StatusCooldown), ms, ms, now.UnixMilli(), id)
+		WHERE id = ?`, ms, ms, now.UnixMilli(), id)
 		if err := found(res, err, id); err != nil {
 			return err
 		}
@@ -73,17 +74,39 @@ func (s *SQL) Quarantine(ctx context.Context, id string, until, now time.Time) (
 	return k, err
 }
 
+// Quarantined counts the keys held back at now and says until when the
+// last of them is.
+func (s *SQL) Quarantined(ctx context.Context, now time.Time) (int, time.Time, error) {
+	var (
+		n     int
+		until sql.NullInt64
+	)
+	err := s.db.QueryRowContext(ctx, `SELECT COUNT(*), MAX(quarantine_until) FROM catalog_keys WHERE quarantine_until > ?`,
+		now.UnixMilli()).Scan(&n, &until)
+	if err != nil {
+		return 0, time.Time{}, fail(ctx, "count quarantined keys", err)
+	}
+	return n, fromMillis(until), nil
+}
+
 // RecoverCooldown makes the key available again if it is rate_limited or
-// cooldown and its cooldown_until is set and not after now, and reports
-// whether it did. It is one conditional UPDATE, so concurrent brokers
-// recover a key once and never undo a newer rate limit. A missing key
-// reports false.
+// cooldown and its cooldown_until is set and not after now, clears a
+// quarantine that has ended, and reports whether it changed anything. It
+// is one conditional UPDATE, so concurrent brokers recover a key once and
+// never undo a newer rate limit or quarantine. A missing key reports false.
 func (s *SQL) RecoverCooldown(ctx context.Context, id string, now time.Time) (bool, error) {
 	ms := now.UnixMilli()
-	res, err := s.exec(ctx, `UPDATE catalog_keys SET status = ?, cooldown_until = NULL, updated_at = ?
-	WHERE id = ? AND status IN (?, ?) AND cooldown_until IS NOT NULL AND cooldown_until <= ?`,
-		string(optimistic.StatusAvailable), ms, id,
-		string(optimistic.StatusRateLimited), string(optimistic.StatusCooldown), ms)
+	res, err := s.exec(ctx, `UPDATE catalog_keys SET
+		status = CASE WHEN status IN (?, ?) AND cooldown_until IS NOT NULL AND cooldown_until <= ? THEN ? ELSE status END,
+		cooldown_until = CASE WHEN status IN (?, ?) AND cooldown_until IS NOT NULL AND cooldown_until <= ? THEN NULL ELSE cooldown_until END,
+		quarantine_until = CASE WHEN quarantine_until <= ? THEN NULL ELSE quarantine_until END,
+		updated_at = ?
+	WHERE id = ? AND (
+		(status IN (?, ?) AND cooldown_until IS NOT NULL AND cooldown_until <= ?) OR quarantine_until <= ?)`,
+		string(optimistic.StatusRateLimited), string(optimistic.StatusCooldown), ms, string(optimistic.StatusAvailable),
+		string(optimistic.StatusRateLimited), string(optimistic.StatusCooldown), ms,
+		ms, ms, id,
+		string(optimistic.StatusRateLimited), string(optimistic.StatusCooldown), ms, ms)
 	if err != nil {
 		return false, fail(ctx, fmt.Sprintf("recover key %q", id), err)
 	}
@@ -140,7 +163,7 @@ func (s *SQL) Report(ctx context.Context, id, leaseID string, o Outcome, retryAf
 			string(optimistic.StatusRateLimited), until, until,
 		}
 	default:
-		return Key{}, invalidf("outcome %q: want success, error, rate_limited or auth_error", o)
+		return Key{}, invalidf("outcome: want success, error, rate_limited or auth_error")
 	}
 	var k Key
 	err := s.inTx(ctx, fmt.Sprintf("report %s on key %q", o, id), func(tx *sql.Tx) error {

@@ -218,40 +218,72 @@ func TestMarkSyncedKeepsTheFirstTime(t *testing.T) {
 	c, _ := newCatalog(t)
 	put(t, c, testKey("k1"))
 	require.True(t, get(t, c, "k1").SyncedAt.IsZero())
-	require.NoError(t, c.MarkSynced(t.Context(), "k1", t0))
-	require.NoError(t, c.MarkSynced(t.Context(), "k1", t0.Add(time.Hour)))
-	require.Equal(t, t0, get(t, c, "k1").SyncedAt)
+	require.NoError(t, c.MarkSynced(t.Context(), "k1", "redis-a", t0))
+	require.NoError(t, c.MarkSynced(t.Context(), "k1", "redis-a", t0.Add(time.Hour)))
+	k := get(t, c, "k1")
+	require.Equal(t, t0, k.SyncedAt)
+	require.Equal(t, "redis-a", k.SyncedStore)
 	put(t, c, testKey("k1"))
 	require.Equal(t, t0, get(t, c, "k1").SyncedAt, "an admin upsert keeps it")
-	require.ErrorIs(t, c.MarkSynced(t.Context(), "nope", t0), catalog.ErrNotFound)
+
+	require.NoError(t, c.MarkSynced(t.Context(), "k1", "redis-b", t0.Add(2*time.Hour)))
+	k = get(t, c, "k1")
+	require.Equal(t, t0.Add(2*time.Hour), k.SyncedAt, "another store starts again")
+	require.Equal(t, "redis-b", k.SyncedStore)
+	require.ErrorIs(t, c.MarkSynced(t.Context(), "nope", "redis-a", t0), catalog.ErrNotFound)
 }
 
+// A quarantine holds a key back whatever its status, survives an admin
+// upsert, only moves later, and ends by itself.
 func TestQuarantine(t *testing.T) {
-	tests := []struct {
-		name       string
-		status     optimistic.Status
-		cooldown   time.Time
-		wantStatus optimistic.Status
-		wantUntil  time.Time
-	}{
-		{"available", optimistic.StatusAvailable, time.Time{}, optimistic.StatusCooldown, t0.Add(time.Hour)},
-		{"rate limited, shorter", optimistic.StatusRateLimited, t0.Add(time.Minute), optimistic.StatusCooldown, t0.Add(time.Hour)},
-		{"cooling, longer", optimistic.StatusCooldown, t0.Add(2 * time.Hour), optimistic.StatusCooldown, t0.Add(2 * time.Hour)},
-		{"disabled stays disabled", optimistic.StatusDisabled, time.Time{}, optimistic.StatusDisabled, t0.Add(time.Hour)},
-	}
 	c, _ := newCatalog(t)
-	for i, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			k := testKey(fmt.Sprintf("k%d", i))
-			k.Status, k.CooldownUntil = tt.status, tt.cooldown
-			put(t, c, k)
-			got, err := c.Quarantine(t.Context(), k.ID, t0.Add(time.Hour), t0)
-			require.NoError(t, err)
-			require.Equal(t, tt.wantStatus, got.Status)
-			require.Equal(t, tt.wantUntil, got.CooldownUntil)
-			require.False(t, got.Usable(t0.Add(time.Hour-time.Millisecond)))
-		})
-	}
-	_, err := c.Quarantine(t.Context(), "nope", t0, t0)
+	put(t, c, testKey("k1"))
+	k, err := c.Quarantine(t.Context(), "k1", t0.Add(time.Hour), t0)
+	require.NoError(t, err)
+	require.Equal(t, t0.Add(time.Hour), k.QuarantineUntil)
+	require.Equal(t, optimistic.StatusAvailable, k.Status, "the status is the operator's")
+	require.False(t, k.Usable(t0.Add(time.Hour-time.Millisecond)))
+	require.True(t, k.Usable(t0.Add(time.Hour)))
+	require.Equal(t, t0.Add(time.Hour), k.UsableAt())
+	ls := k.LeaseState()
+	require.Equal(t, optimistic.StatusCooldown, ls.Status, "the store refuses it until then")
+	require.Equal(t, t0.Add(time.Hour), ls.CooldownUntil)
+
+	_, err = c.Quarantine(t.Context(), "k1", t0.Add(time.Minute), t0)
+	require.NoError(t, err)
+	require.Equal(t, t0.Add(time.Hour), get(t, c, "k1").QuarantineUntil, "only moves later")
+
+	upsert := testKey("k1")
+	upsert.Models = []string{"gpt-4o", "o1"}
+	put(t, c, upsert)
+	require.Equal(t, t0.Add(time.Hour), get(t, c, "k1").QuarantineUntil, "an admin upsert does not lift it")
+
+	n, until, err := c.Quarantined(t.Context(), t0)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	require.Equal(t, t0.Add(time.Hour), until)
+
+	changed, err := c.RecoverCooldown(t.Context(), "k1", t0.Add(time.Minute))
+	require.NoError(t, err)
+	require.False(t, changed, "not over yet")
+	changed, err = c.RecoverCooldown(t.Context(), "k1", t0.Add(time.Hour))
+	require.NoError(t, err)
+	require.True(t, changed)
+	k = get(t, c, "k1")
+	require.True(t, k.QuarantineUntil.IsZero())
+	require.Equal(t, optimistic.StatusAvailable, k.LeaseState().Status)
+	n, _, err = c.Quarantined(t.Context(), t0)
+	require.NoError(t, err)
+	require.Zero(t, n)
+
+	disabled := testKey("k2")
+	disabled.Status = optimistic.StatusDisabled
+	put(t, c, disabled)
+	k, err = c.Quarantine(t.Context(), "k2", t0.Add(time.Hour), t0)
+	require.NoError(t, err)
+	require.Equal(t, optimistic.StatusDisabled, k.LeaseState().Status)
+	require.True(t, k.UsableAt().IsZero(), "disabled stays out")
+
+	_, err = c.Quarantine(t.Context(), "nope", t0, t0)
 	require.ErrorIs(t, err, catalog.ErrNotFound)
 }

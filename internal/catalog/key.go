@@ -55,21 +55,37 @@ type Key struct {
 	RateLimitHits     int64
 	CreatedAt         time.Time
 	UpdatedAt         time.Time
-	// SyncedAt is when the key first reached the lease store (MarkSynced);
-	// zero if it never did. A key the store lacks although it had it means
-	// the store lost state.
-	SyncedAt time.Time
+	// SyncedAt is when the key first reached the lease store SyncedStore
+	// names (MarkSynced); zero if it never did. A key that store lacks
+	// although it had it means the store lost state.
+	SyncedAt    time.Time
+	SyncedStore string
+	// QuarantineUntil is when a key the lease store lost may take leases
+	// again (Quarantine): leases the store forgot may be in use until then.
+	// It holds whatever the status says, and Put leaves it alone.
+	QuarantineUntil time.Time
 }
 
 // Supports reports whether the key serves the canonical model.
 func (k Key) Supports(model string) bool { return slices.Contains(k.Models, model) }
 
 // LeaseState is the key's allocation state for the lease store: no secret,
-// no models, no counters.
+// no models, no counters. A quarantine shows as a cooldown that ends no
+// earlier than it: the store then grants nothing before it either.
 func (k Key) LeaseState() optimistic.KeyState {
+	status, cooldown := k.Status, k.CooldownUntil
+	if !k.QuarantineUntil.IsZero() {
+		switch {
+		case status == optimistic.StatusAvailable:
+			status, cooldown = optimistic.StatusCooldown, k.QuarantineUntil
+		case (status == optimistic.StatusRateLimited || status == optimistic.StatusCooldown) &&
+			!cooldown.IsZero() && k.QuarantineUntil.After(cooldown):
+			cooldown = k.QuarantineUntil
+		}
+	}
 	return optimistic.KeyState{
-		ID: k.ID, Provider: k.Provider, Pool: k.Pool, Status: k.Status,
-		CooldownUntil: k.CooldownUntil, MaxConcurrentUses: k.MaxConcurrentUses,
+		ID: k.ID, Provider: k.Provider, Pool: k.Pool, Status: status,
+		CooldownUntil: cooldown, MaxConcurrentUses: k.MaxConcurrentUses,
 		LastUsedAt: k.LastUsedAt,
 	}
 }
@@ -96,8 +112,12 @@ func (o Outcome) Valid() bool {
 
 // Usable reports whether the catalog lets the key take a lease at now:
 // available, or rate_limited/cooldown with a cooldown that has passed (the
-// same rule the lease stores apply, see optimistic.Usable).
+// same rule the lease stores apply, see optimistic.Usable), and out of any
+// quarantine.
 func (k Key) Usable(now time.Time) bool {
+	if k.QuarantineUntil.After(now) {
+		return false
+	}
 	switch k.Status {
 	case optimistic.StatusAvailable:
 		return true
@@ -105,4 +125,24 @@ func (k Key) Usable(now time.Time) bool {
 		return !k.CooldownUntil.IsZero() && !k.CooldownUntil.After(now)
 	}
 	return false
+}
+
+// UsableAt is when a key not usable now becomes usable by itself: the end
+// of its cooldown or quarantine, whichever is later; zero if never by
+// itself (disabled, pending, exhausted, or cooling with no end).
+func (k Key) UsableAt() time.Time {
+	at := k.QuarantineUntil
+	switch k.Status {
+	case optimistic.StatusAvailable:
+	case optimistic.StatusRateLimited, optimistic.StatusCooldown:
+		if k.CooldownUntil.IsZero() {
+			return time.Time{}
+		}
+		if k.CooldownUntil.After(at) {
+			at = k.CooldownUntil
+		}
+	default:
+		return time.Time{}
+	}
+	return at
 }

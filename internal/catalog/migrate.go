@@ -53,4 +53,11 @@ var schema = sqlitex.Schema{Table: "catalog_schema", Steps: [][]string{
 	},
 	// synced_at: when the key first reached the lease store (MarkSynced).
 	{`ALTER TABLE catalog_keys ADD COLUMN synced_at BIGINT`},
+	// synced_store: which lease store synced_at is about; quarantine_until:
+	// no grants before it, after the store lost the key (Quarantine). Put
+	// leaves both alone.
+	{
+		`ALTER TABLE catalog_keys ADD COLUMN synced_store TEXT`,
+		`ALTER TABLE catalog_keys ADD COLUMN quarantine_until BIGINT`,
+	},
 }}

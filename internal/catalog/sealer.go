@@ -81,8 +81,8 @@ func ParseSealer(current, old string) (*Sealer, error) {
 	return NewSealer(cur, olds...)
 }
 
-// NewKey returns a fresh random key, base64, for ParseSealer.
-func NewKey() (string, error) {
+// NewSealerKey returns a fresh random sealing key, base64, for ParseSealer.
+func NewSealerKey() (string, error) {
 	b := make([]byte, 32)
 	if _, err := rand.Read(b); err != nil {
 		return "", err

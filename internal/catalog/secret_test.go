@@ -126,9 +126,9 @@ func TestSealedSecretBoundToItsKey(t *testing.T) {
 }
 
 func TestParseSealer(t *testing.T) {
-	k1, err := catalog.NewKey()
+	k1, err := catalog.NewSealerKey()
 	require.NoError(t, err)
-	k2, err := catalog.NewKey()
+	k2, err := catalog.NewSealerKey()
 	require.NoError(t, err)
 	_, err = catalog.ParseSealer(k1, k2+", ")
 	require.NoError(t, err)

@@ -245,7 +245,7 @@ func (s *SQL) Delete(ctx context.Context, id string) error {
 const selectKeys = `SELECT
 	k.id, k.provider, k.pool, %s, k.status, k.cooldown_until, k.max_concurrent_uses,
 	k.last_used_at, k.last_verified_at, k.successes, k.errors, k.rate_limit_hits,
-	k.created_at, k.updated_at, k.synced_at, m.model
+	k.created_at, k.updated_at, k.synced_at, COALESCE(k.synced_store, ''), k.quarantine_until, m.model
 FROM catalog_keys k LEFT JOIN catalog_key_models m ON m.key_id = k.id `
 
 // queryer is what *sql.DB and *sql.Tx share for reads.
@@ -268,18 +268,18 @@ func queryKeys(ctx context.Context, q queryer, withSecret bool, where string, ar
 	var keys []Key
 	for rows.Next() {
 		var (
-			k                                Key
-			cooldown, used, verified, synced sql.NullInt64
-			created, updated                 int64
-			model                            sql.NullString
+			k                                            Key
+			cooldown, used, verified, synced, quarantine sql.NullInt64
+			created, updated                             int64
+			model                                        sql.NullString
 		)
 		if err := rows.Scan(&k.ID, &k.Provider, &k.Pool, &k.Secret, &k.Status, &cooldown, &k.MaxConcurrentUses,
-			&used, &verified, &k.Successes, &k.Errors, &k.RateLimitHits, &created, &updated, &synced, &model); err != nil {
+			&used, &verified, &k.Successes, &k.Errors, &k.RateLimitHits, &created, &updated, &synced, &k.SyncedStore, &quarantine, &model); err != nil {
 			return nil, err
 		}
 		if n := len(keys); n == 0 || keys[n-1].ID != k.ID {
 			k.CooldownUntil, k.LastUsedAt, k.LastVerifiedAt = fromMillis(cooldown), fromMillis(used), fromMillis(verified)
-			k.SyncedAt = fromMillis(synced)
+			k.SyncedAt, k.QuarantineUntil = fromMillis(synced), fromMillis(quarantine)
 			k.CreatedAt, k.UpdatedAt = time.UnixMilli(created).UTC(), time.UnixMilli(updated).UTC()
 			keys = append(keys, k)
 		}

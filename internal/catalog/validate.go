@@ -52,7 +52,7 @@ func checkModel(field, s string) error {
 		}
 	}
 	if !ok {
-		return invalidf("%s %q: want 1-%d characters, no spaces or control characters", field, s, maxModelLen)
+		return invalidf("%s: want 1-%d characters, no spaces or control characters", field, maxModelLen)
 	}
 	return nil
 }

@@ -153,6 +153,23 @@ func TestLostClaimReplyIsOwnClaim(t *testing.T) {
 	require.Equal(t, 1, proxy.Cuts(), "the first reply was lost")
 }
 
+// A dead row not pruned yet answers nothing: an expired claim is free,
+// whatever its parameters, however many dead rows wait.
+func TestSQLiteDeadRowsDoNotAnswer(t *testing.T) {
+	l, _ := openSQLite(t)
+	ctx := t.Context()
+	for i := range 100 {
+		_, _, err := l.Claim(ctx, fmt.Sprint("dead-", i), "tok", "f", time.Millisecond)
+		require.NoError(t, err)
+	}
+	time.Sleep(1100 * time.Millisecond)
+	for i := range 100 {
+		_, claimed, err := l.Claim(ctx, fmt.Sprint("dead-", 99-i), "other", "other-f", time.Minute)
+		require.NoError(t, err, "dead-%d", 99-i)
+		require.True(t, claimed)
+	}
+}
+
 // Dead rows do not pile up: every claim prunes a batch.
 func TestSQLitePrunesDeadRows(t *testing.T) {
 	l, db := openSQLite(t)

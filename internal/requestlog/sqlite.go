@@ -69,11 +69,14 @@ func (s *SQLite) Claim(ctx context.Context, id, token, fingerprint string, ttl t
 			rec   record
 			lease sql.NullString
 		)
-		err := tx.QueryRowContext(ctx, `SELECT token, fingerprint, lease FROM request_log WHERE id = ?`, id).
+		// A dead row (not pruned yet) is no row: it is replaced.
+		err := tx.QueryRowContext(ctx, `SELECT token, fingerprint, lease FROM request_log WHERE id = ? AND until > ?`, id, now).
 			Scan(&rec.Token, &rec.Fingerprint, &lease)
 		if errors.Is(err, sql.ErrNoRows) {
 			claimed, verdict = true, nil
-			_, err = tx.ExecContext(ctx, `INSERT INTO request_log (id, token, fingerprint, until) VALUES (?, ?, ?, ?)`,
+			_, err = tx.ExecContext(ctx, `INSERT INTO request_log (id, token, fingerprint, until) VALUES (?, ?, ?, ?)
+			ON CONFLICT (id) DO UPDATE SET token = excluded.token, fingerprint = excluded.fingerprint,
+				lease = NULL, lease_id = NULL, until = excluded.until`,
 				id, token, fingerprint, now+max(ttl, claimFloor).Milliseconds())
 			return err
 		}
@@ -129,8 +132,13 @@ func (s *SQLite) Forget(ctx context.Context, id, token string) error {
 	return fail(ctx, "forget request", err)
 }
 
-// Extend is Redis.Extend on the file.
+// Extend is Redis.Extend on the file. Most leases answered no request id:
+// for those it only reads.
 func (s *SQLite) Extend(ctx context.Context, leaseID string, until time.Time) error {
+	var n int
+	if err := s.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM request_log WHERE lease_id = ?`, leaseID).Scan(&n); err != nil || n == 0 {
+		return fail(ctx, "extend request", err)
+	}
 	err := s.write(ctx, func(tx *sql.Tx, _ int64) error {
 		_, err := tx.ExecContext(ctx, `UPDATE request_log SET until = MAX(until, ?) WHERE lease_id = ?`, until.UnixMilli(), leaseID)
 		return err
