@@ -145,7 +145,7 @@ func (s *Store) renew(ctx context.Context, rdb redis.UniversalClient, ref LeaseR
 		return 0, err
 	}
 	until := now + ttl.Milliseconds()
-	replies, _, err := s.multi(ctx, rdb, []cmd{
+	replies, err := s.write(ctx, rdb, []cmd{
 		{"zadd", leasesKey, "xx", until, ref.LeaseID},
 		{"zscore", leasesKey, ref.LeaseID},
 		{"hset", recordKey, rs.FieldUntil, until},

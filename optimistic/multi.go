@@ -75,3 +75,34 @@ func (s *Store) multi(ctx context.Context, c pipeliner, body []cmd) (replies []a
 	}
 	return replies, true, nil
 }
+
+// write runs body as one transaction on c and returns EXEC's replies. On a
+// plain client (a standalone server, a cluster node) it is multi. Other
+// clients (a Ring, a whole Cluster after a slot moved) route the commands
+// themselves, which go-redis's TxPipelined does but a plain pipeline of
+// MULTI and EXEC would not; WAIT cannot follow there, so with MinReplicas
+// set such a write counts as unacknowledged.
+func (s *Store) write(ctx context.Context, c redis.UniversalClient, body []cmd) ([]any, error) {
+	if plain, ok := c.(*redis.Client); ok {
+		replies, _, err := s.multi(ctx, plain, body)
+		return replies, err
+	}
+	cmds := make([]*redis.Cmd, len(body))
+	_, err := c.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		for i, b := range body {
+			cmds[i] = p.Do(ctx, b...)
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return nil, err
+	}
+	replies := make([]any, len(cmds))
+	for i, c := range cmds {
+		replies[i] = c.Val()
+	}
+	if s.opts.MinReplicas > 0 {
+		return replies, fmt.Errorf("%w: no WAIT through %T", errUnreplicated, c)
+	}
+	return replies, nil
+}
