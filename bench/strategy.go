@@ -2,7 +2,6 @@ package bench
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"slices"
 	"strings"
@@ -33,7 +32,7 @@ type Target struct {
 	Redis  redis.UniversalClient
 	Prefix string
 	// DB is set for SQLite strategies: a file of its own.
-	DB *sql.DB
+	DB *sqlitex.DB
 }
 
 // Strategies returns the lease stores credpool ships, in report order: a

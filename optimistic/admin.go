@@ -123,8 +123,7 @@ func (s *Store) dropLeases(ctx context.Context, keyID string, withKey bool) (int
 		if withKey {
 			dels = append(dels, keyKey)
 		}
-		_, err = t.commit(ctx, []cmd{dels})
-		return err
+		return t.commit(ctx, []cmd{dels})
 	})
 	return len(ids), err
 }
@@ -156,10 +155,11 @@ func (s *Store) Inspect(ctx context.Context, keyIDs ...string) ([]KeyInfo, error
 	for i, id := range keyIDs {
 		k, ls := parseKey(hashes[i].Val()), splitLeases(leases[i].Val(), now)
 		cd, _ := parseMillis(k.cooldown)
+		free, _ := freeAt(k, ls, now)
 		out[i] = KeyInfo{
 			ID: id, Exists: k.exists, Provider: k.provider, Pool: k.pool, Status: k.status,
 			CooldownUntil: fromMillis(cd), Limit: k.limit, Live: ls.live,
-			FreeAt: fromMillis(freeAt(k, ls, now)), Fence: k.fence,
+			FreeAt: fromMillis(free), Fence: k.fence,
 		}
 	}
 	return out, nil

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 
 	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
@@ -56,10 +57,9 @@ type allocation struct {
 	leaseID string
 	stats   *Stats
 
-	todo    []string // candidates for the next pass, in order
-	free    int64    // earliest free-up (ms) among skipped candidates, 0 if none
-	held    bool     // free is a held lease's end
-	pending string   // candidate on which an EXEC with leaseID may have committed
+	todo    []string      // candidates for the next pass, in order
+	full    CapacityError // what the skipped candidates said, merged
+	pending string        // candidate on which an EXEC with leaseID may have committed
 	lease   Lease
 }
 
@@ -96,7 +96,9 @@ func (a *allocation) pass(ctx context.Context) error {
 		switch {
 		case granted:
 			return nil
-		case errors.Is(err, errRecheck):
+		case err != nil && a.pending == keyID:
+			// Still unsettled (its EXEC reply was lost, or the recheck
+			// itself was aborted): it goes first after the pause.
 			a.todo = append([]string{keyID}, aside...)
 			for _, st := range queue[i+1:] {
 				a.todo = append(a.todo, st.keyID)
@@ -111,24 +113,21 @@ func (a *allocation) pass(ctx context.Context) error {
 	if a.todo = aside; len(aside) > 0 {
 		return fmt.Errorf("%w: every candidate left was contended", ErrConflict)
 	}
-	return &CapacityError{FreeAt: fromMillis(a.free), Held: a.held}
+	full := a.full
+	return &full
 }
 
 // verdict is what one read-decide round on a candidate found. The WATCH
 // callback only fills it in and try applies it once the transaction is
-// over, so a callback that go-redis runs again after a redirect leaves
-// nothing behind.
+// over, so that the callback changes nothing but the transaction.
 type verdict struct {
-	read    bool  // the candidate was read: a lost commit on it is settled
+	settled bool  // read, and it holds no lease of this call
 	granted bool  // a lease on it is ours: until and fence say which
 	until   int64 // lease expiry (ms)
 	fence   int64
 	pruned  int   // expired leases the commit removed
 	free    int64 // skipped: when it frees up (ms), 0 if never by itself
 	held    bool  // free is when a held lease ends
-	unknown bool  // the commit's reply was lost: it may have landed
-	// unreplicated: granted, but too few replicas acknowledged it
-	unreplicated bool
 }
 
 // try reads one candidate under WATCH and claims a slot if it has one.
@@ -149,24 +148,15 @@ func (a *allocation) try(ctx context.Context, keyID string, wait bool) (granted 
 	if errors.Is(err, ErrConflict) {
 		a.stats.Conflicts++
 	}
-	if v.read && a.pending == keyID {
+	if v.settled && a.pending == keyID {
 		a.pending = ""
 	}
-	if v.unknown {
+	if errors.Is(err, errRecheck) {
 		a.pending = keyID
 	}
-	if v.free != 0 && (a.free == 0 || v.free <= a.free) {
-		a.held = v.held || (v.free == a.free && a.held)
-		a.free = v.free
-	}
-	if v.unreplicated {
-		// A failover could lose it and grant the slot again: nobody may
-		// hold it. The release can only fail if the store does, and then
-		// the lease expires by itself.
-		ref := LeaseRef{Provider: a.req.Provider, Pool: a.req.Pool, KeyID: keyID, LeaseID: a.leaseID}
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), unwatchTimeout)
-		_ = a.release(rctx, a.rdb, ref)
-		cancel()
+	a.full.Merge(fromMillis(v.free), v.held)
+	if errors.Is(err, errUnreplicated) {
+		a.giveBack(ctx, keyID)
 		return false, err
 	}
 	if v.granted {
@@ -182,40 +172,41 @@ func (a *allocation) decide(ctx context.Context, t *txn, keyID string) (verdict,
 	var v verdict
 	keyKey, leasesKey := a.keys.Key(keyID), a.keys.Leases(keyID)
 	recordKey := a.keys.Lease(keyID, a.leaseID)
+	// After a lost EXEC reply on this key, the read also takes the fence
+	// that EXEC would have written, should it have landed.
+	recheck := a.pending == keyID
 	var (
 		clock  *redis.TimeCmd
 		hash   *redis.SliceCmd
 		leases *redis.ZSliceCmd
+		record *redis.SliceCmd
 	)
 	err := t.read(ctx, func(p redis.Pipeliner) {
 		clock = p.Time(ctx)
 		hash = p.HMGet(ctx, keyKey, keyFields...)
 		leases = p.ZRangeWithScores(ctx, leasesKey, 0, -1)
+		if recheck {
+			record = p.HMGet(ctx, recordKey, rs.FieldFence)
+		}
 	})
 	if err != nil {
 		return v, err
 	}
-	v.read = true
 	clockNow := clock.Val()
 	now := clockNow.UnixMilli()
+	if recheck {
+		if until, ok := liveScore(leases.Val(), a.leaseID, now); ok {
+			return a.adopt(ctx, t, recordKey, until, record.Val())
+		}
+	}
+	v.settled = true
 	k := parseKey(hash.Val())
 	ls := splitLeases(leases.Val(), now)
-	if until, ok := liveScore(leases.Val(), a.leaseID, now); ok {
-		// An EXEC of this call whose reply was lost did commit: hand out
-		// that lease (its fence is in its record; a rare extra read).
-		fence, err := t.tx.HGet(ctx, recordKey, rs.FieldFence).Int64()
-		if err != nil {
-			return v, err
-		}
-		v.granted, v.until, v.fence = true, until, fence
-		return v, nil
-	}
 	if !k.member(a.req.Provider, a.req.Pool) {
 		return v, nil
 	}
 	if !Usable(k.status, k.cooldown, now) || ls.live >= k.limit {
-		v.free = freeAt(k, ls, now)
-		v.held = ls.live >= k.limit && v.free == ls.first
+		v.free, v.held = freeAt(k, ls, now)
 		return v, nil
 	}
 	until := now + a.req.TTL.Milliseconds()
@@ -239,22 +230,77 @@ func (a *allocation) decide(ctx context.Context, t *txn, keyID string) (verdict,
 			rs.FieldStatus, string(StatusAvailable), rs.FieldCooldown, "",
 			rs.FieldLastUsed, now, rs.FieldFence, fence},
 	)
-	_, err = t.commit(ctx, body)
-	if errors.Is(err, errUnreplicated) {
-		// Granted on the master only: try gives it back.
-		v.granted, v.until, v.fence, v.unreplicated = true, until, fence, true
-		return v, err
-	}
+	v.pruned = len(ls.expired)
+	return a.settle(ctx, t, v, body, until, fence)
+}
+
+// adopt hands out the lease (until, its fence in record) that an EXEC
+// of this call wrote though its reply was lost. With Options.MinReplicas
+// it is acknowledged like a fresh grant: it commits a rewrite of the
+// record's expiry, unchanged, and WAIT rides along. The master's
+// replication offset only grows, so replicas that acknowledge the rewrite
+// have the lost EXEC too.
+func (a *allocation) adopt(ctx context.Context, t *txn, recordKey string, until int64, record []any) (verdict, error) {
+	raw, _ := record[0].(string)
+	fence, err := strconv.ParseInt(raw, 10, 64)
 	if err != nil {
+		return verdict{}, fmt.Errorf("optimistic: lease %s has no valid fence in its record", a.leaseID)
+	}
+	var body []cmd
+	if a.opts.MinReplicas > 0 {
+		body = []cmd{{"hset", recordKey, rs.FieldUntil, until}}
+	}
+	return a.settle(ctx, t, verdict{}, body, until, fence)
+}
+
+// settle commits body, the writes of a grant of until and fence, and says
+// what came of it: granted (with no body, at once); errUnreplicated, for
+// try to give the slot back; errRecheck when the reply was lost and the
+// writes may have landed; or the commit's own error.
+func (a *allocation) settle(ctx context.Context, t *txn, v verdict, body []cmd, until, fence int64) (verdict, error) {
+	if len(body) > 0 {
+		err := t.commit(ctx, body)
 		var rerr redis.Error
-		if !errors.As(err, &rerr) && ctx.Err() == nil {
-			v.unknown = true
+		switch {
+		case err == nil:
+		case errors.Is(err, errUnreplicated), errors.As(err, &rerr), ctx.Err() != nil:
+			// Unacknowledged, refused or aborted, or cut short by the
+			// caller: the call learns why.
+			return v, err
+		default:
+			// Sent or not, ran or not: the next read tells.
 			return v, fmt.Errorf("%w: %w", errRecheck, err)
 		}
-		return v, err
 	}
-	v.granted, v.until, v.fence, v.pruned = true, until, fence, len(ls.expired)
+	v.granted, v.until, v.fence = true, until, fence
 	return v, nil
+}
+
+// giveBack deletes this call's lease on keyID, which too few replicas
+// acknowledged: a failover could lose it and grant the slot again, so
+// nobody may hold it. It is one MULTI to the key's owner, sent even after
+// ctx ended; if it fails, the store is failing too, and the lease expires
+// by itself.
+func (a *allocation) giveBack(ctx context.Context, keyID string) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), unwatchTimeout)
+	defer cancel()
+	leasesKey, recordKey := a.keys.Leases(keyID), a.keys.Lease(keyID, a.leaseID)
+	drop := func(c redis.UniversalClient) error {
+		_, err := c.TxPipelined(ctx, func(p redis.Pipeliner) error {
+			p.ZRem(ctx, leasesKey, a.leaseID)
+			p.Del(ctx, recordKey)
+			return nil
+		})
+		return err
+	}
+	rdb, err := a.owner(ctx, leasesKey)
+	if err != nil {
+		return
+	}
+	if err := drop(rdb); isRedirect(err) {
+		// The slot moved: let the cluster client follow it.
+		_ = drop(a.rdb)
+	}
 }
 
 func (a *allocation) grant(keyID string, until, fence int64) {

@@ -9,9 +9,9 @@ import (
 	"github.com/credpool/credpool/test/redistest"
 )
 
-// decide is the WATCH callback's body. go-redis may run the callback again
-// (after a redirect), so decide must change nothing but the transaction
-// and the verdict it returns; try applies the verdict once it is over.
+// decide is the WATCH callback's body: it must change nothing but the
+// transaction and the verdict it returns; try applies the verdict once the
+// transaction is over.
 func TestDecideLeavesCallStateAlone(t *testing.T) {
 	s, err := New(redistest.Start(t).Client(t), nil)
 	require.NoError(t, err)
@@ -26,50 +26,49 @@ func TestDecideLeavesCallStateAlone(t *testing.T) {
 	require.NoError(t, err)
 
 	req := AllocateRequest{Provider: "p", Pool: "default", Candidates: []string{"free", "full"}, TTL: time.Minute}
-	newCall := func(leaseID string) (*allocation, *Stats) {
+	newCall := func(leaseID, pending string) (*allocation, *Stats) {
 		var st Stats
-		return &allocation{Store: s, req: req, leaseID: leaseID, stats: &st, todo: req.Candidates}, &st
+		return &allocation{Store: s, req: req, leaseID: leaseID, stats: &st, todo: req.Candidates, pending: pending}, &st
 	}
-	// decideOn runs decide in a transaction, twice as a re-run would, and
-	// returns the last verdict.
-	decideOn := func(a *allocation, keyID string) verdict {
+	// decideOn runs decide in a transaction, checks that it left every
+	// field of the call as it was, and returns its verdict.
+	decideOn := func(a *allocation, st *Stats, keyID string) verdict {
 		t.Helper()
+		before, stats := *a, *st
+		before.todo = append([]string(nil), a.todo...)
 		var v verdict
-		for range 2 {
-			err := s.watch(ctx, []string{s.keys.Key(keyID), s.keys.Leases(keyID)}, func(tx *txn) (err error) {
-				v, err = a.decide(ctx, tx, keyID)
-				return err
-			})
-			require.NoError(t, err)
-		}
+		err := s.watch(ctx, []string{s.keys.Key(keyID), s.keys.Leases(keyID)}, func(tx *txn) (err error) {
+			v, err = a.decide(ctx, tx, keyID)
+			return err
+		})
+		require.NoError(t, err)
+		require.Equal(t, before, *a, "the call's state (todo, full, pending, lease, ...)")
+		require.Equal(t, stats, *st)
 		return v
 	}
-	untouched := func(a *allocation, st *Stats) {
-		t.Helper()
-		require.Zero(t, a.free)
-		require.Empty(t, a.pending)
-		require.Equal(t, Lease{}, a.lease)
-		require.Equal(t, Stats{}, *st)
-	}
 
-	a, st := newCall("0f8fad5b-d9cb-469f-a165-70867728950e")
-	v := decideOn(a, "full")
-	require.Equal(t, verdict{read: true, free: held.Until.UnixMilli(), held: true}, v, "skipped: when its lease ends")
-	untouched(a, st)
+	a, st := newCall("0f8fad5b-d9cb-469f-a165-70867728950e", "")
+	// A skip after another one, so that there is something to keep.
+	a.full = CapacityError{FreeAt: held.Until.Add(time.Hour), Held: false}
+	v := decideOn(a, st, "full")
+	require.Equal(t, verdict{settled: true, free: held.Until.UnixMilli(), held: true}, v, "skipped: when its lease ends")
 
-	v = decideOn(a, "free")
+	v = decideOn(a, st, "free")
 	require.True(t, v.granted)
 	require.Positive(t, v.fence)
 	granted := v
-	untouched(a, st)
 	infos, err := s.Inspect(ctx, "free")
 	require.NoError(t, err)
-	require.Equal(t, 1, infos[0].Live, "the second run found its own lease, as after a lost EXEC reply")
+	require.Equal(t, 1, infos[0].Live)
 
-	// Another call whose lease is already there (its EXEC committed, its
-	// reply lost) recovers it, fence included, and still changes nothing.
-	b, st := newCall(a.leaseID)
-	v = decideOn(b, "free")
-	require.Equal(t, verdict{read: true, granted: true, until: granted.until, fence: granted.fence}, v)
-	untouched(b, st)
+	// A call whose EXEC on "free" committed though its reply was lost
+	// rechecks "free" and adopts that lease, fence included, and still
+	// changes nothing.
+	b, st := newCall(a.leaseID, "free")
+	v = decideOn(b, st, "free")
+	require.Equal(t, verdict{granted: true, until: granted.until, fence: granted.fence}, v)
+	infos, err = s.Inspect(ctx, "free")
+	require.NoError(t, err)
+	require.Equal(t, 1, infos[0].Live, "no second slot")
+	require.Equal(t, granted.fence, infos[0].Fence)
 }

@@ -70,6 +70,46 @@ func (e *CapacityError) Error() string {
 // Unwrap makes errors.Is(err, ErrNoCapacity) hold.
 func (e *CapacityError) Unwrap() error { return ErrNoCapacity }
 
+// Merge folds one more skipped candidate into e, as a store builds its
+// CapacityError: at is when that candidate frees up (zero: never by
+// itself) and held whether a held lease ends then (see FreeAt). e keeps the
+// earliest at; on a tie, Held if either says so.
+func (e *CapacityError) Merge(at time.Time, held bool) {
+	if at.IsZero() || (!e.FreeAt.IsZero() && at.After(e.FreeAt)) {
+		return
+	}
+	e.Held = held || (at.Equal(e.FreeAt) && e.Held)
+	e.FreeAt = at
+}
+
+// Loss says why a lease id holds no lease: the reasons NotHeld words.
+type Loss string
+
+// The reasons a store finds for a lease ref that holds no lease. Their
+// values are the replies of the Lua baseline's scripts.
+const (
+	// LostUnknown: never granted, released, pruned, or looked up under
+	// another key id (a lease's record lives under its key).
+	LostUnknown Loss = "unknown"
+	// LostMismatch: granted for another provider or pool.
+	LostMismatch Loss = "mismatch"
+	// LostExpired: granted, but its expiry has passed.
+	LostExpired Loss = "expired"
+)
+
+// NotHeld returns the contract's error for leaseID holding no lease, as
+// every store words it: ErrLeaseMismatch for LostMismatch, else
+// ErrLeaseLost.
+func NotHeld(leaseID string, why Loss) error {
+	switch why {
+	case LostMismatch:
+		return fmt.Errorf("%w: lease %s", ErrLeaseMismatch, leaseID)
+	case LostExpired:
+		return fmt.Errorf("%w: lease %s expired", ErrLeaseLost, leaseID)
+	}
+	return fmt.Errorf("%w: lease %s is unknown, released or expired", ErrLeaseLost, leaseID)
+}
+
 // Classify turns what a store operation returned into the contract's
 // errors: the contract's own outcomes pass through, cancellation keeps
 // both causes (and is never ErrStore), a conflict (ErrConflict) that

@@ -3,7 +3,6 @@ package optimistic
 import (
 	"context"
 	"errors"
-	"fmt"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -99,7 +98,7 @@ func (s *Store) release(ctx context.Context, rdb redis.UniversalClient, ref Leas
 		return err
 	}
 	if removed.Val() == 0 {
-		return fmt.Errorf("%w: lease %s expired", ErrLeaseLost, ref.LeaseID)
+		return NotHeld(ref.LeaseID, LostExpired)
 	}
 	return nil
 }
@@ -157,9 +156,13 @@ func (s *Store) renew(ctx context.Context, rdb redis.UniversalClient, ref LeaseR
 		return 0, err
 	}
 	if len(replies) < 2 || replies[1] == nil {
-		// Gone since the read: the HSET made a stray record of it.
-		_ = rdb.Del(context.WithoutCancel(ctx), recordKey).Err()
-		return 0, fmt.Errorf("%w: lease %s expired", ErrLeaseLost, ref.LeaseID)
+		// Gone since the read: the HSET made a stray record of it. Deleted
+		// even after ctx ended, and bounded as an UNWATCH is; if this
+		// fails, the record expires by itself after RecordGrace.
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), unwatchTimeout)
+		defer cancel()
+		_ = rdb.Del(dctx, recordKey).Err()
+		return 0, NotHeld(ref.LeaseID, LostExpired)
 	}
 	return until, nil
 }
@@ -172,13 +175,13 @@ func checkHolder(ref LeaseRef, record []any, score *redis.FloatCmd, now int64) e
 		got[i], _ = v.(string)
 	}
 	if got[0] == "" {
-		return fmt.Errorf("%w: lease %s is unknown, released or expired", ErrLeaseLost, ref.LeaseID)
+		return NotHeld(ref.LeaseID, LostUnknown)
 	}
 	if got[0] != ref.KeyID || got[1] != ref.Provider || got[2] != ref.Pool {
-		return fmt.Errorf("%w: lease %s", ErrLeaseMismatch, ref.LeaseID)
+		return NotHeld(ref.LeaseID, LostMismatch)
 	}
 	if score.Err() != nil || int64(score.Val()) <= now {
-		return fmt.Errorf("%w: lease %s expired", ErrLeaseLost, ref.LeaseID)
+		return NotHeld(ref.LeaseID, LostExpired)
 	}
 	return nil
 }

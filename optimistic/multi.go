@@ -45,7 +45,7 @@ func (s *Store) multi(ctx context.Context, c pipeliner, body []cmd) (replies []a
 		}
 		exec = p.Do(ctx, "exec")
 		if s.opts.MinReplicas > 0 {
-			wait = p.Do(ctx, "wait", s.opts.MinReplicas, s.opts.ReplicaTimeout.Milliseconds())
+			wait = p.Do(ctx, s.waitArgs()...)
 		}
 		return nil
 	})
@@ -65,15 +65,49 @@ func (s *Store) multi(ctx context.Context, c pipeliner, body []cmd) (replies []a
 		}
 	}
 	if wait != nil {
-		n, err := wait.Int64()
-		if err != nil {
-			return replies, true, fmt.Errorf("%w: %w", errUnreplicated, err)
-		}
-		if n < int64(s.opts.MinReplicas) {
-			return replies, true, fmt.Errorf("%w: %d of %d within %v", errUnreplicated, n, s.opts.MinReplicas, s.opts.ReplicaTimeout)
-		}
+		return replies, true, s.acked(wait)
 	}
 	return replies, true, nil
+}
+
+// txPipelined runs body as MULTI/EXEC on tx through go-redis's own
+// TxPipelined, for a transaction whose WATCH go-redis sent: go-redis then
+// knows whether EXEC dropped the watch, and only if not sends UNWATCH when
+// the transaction closes. WAIT, when the store asks for it, follows on the
+// same connection in a round trip of its own. It says whether EXEC ran, by
+// go-redis's own rule, and fails as multi does.
+func (s *Store) txPipelined(ctx context.Context, tx *redis.Tx, body []cmd) (ran bool, err error) {
+	_, err = tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		for _, c := range body {
+			p.Do(ctx, c...)
+		}
+		return nil
+	})
+	if err != nil {
+		return errors.Is(err, redis.TxFailedErr) || redis.IsExecAbortError(err), err
+	}
+	if s.opts.MinReplicas > 0 {
+		return true, s.acked(tx.Do(ctx, s.waitArgs()...))
+	}
+	return true, nil
+}
+
+// waitArgs is the WAIT command for Options.MinReplicas.
+func (s *Store) waitArgs() []any {
+	return []any{"wait", s.opts.MinReplicas, s.opts.ReplicaTimeout.Milliseconds()}
+}
+
+// acked turns WAIT's reply into errUnreplicated if too few replicas
+// acknowledged the writes before it in time.
+func (s *Store) acked(wait *redis.Cmd) error {
+	n, err := wait.Int64()
+	if err != nil {
+		return fmt.Errorf("%w: %w", errUnreplicated, err)
+	}
+	if n < int64(s.opts.MinReplicas) {
+		return fmt.Errorf("%w: %d of %d within %v", errUnreplicated, n, s.opts.MinReplicas, s.opts.ReplicaTimeout)
+	}
+	return nil
 }
 
 // write runs body as one transaction on c and returns EXEC's replies. On a

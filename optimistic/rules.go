@@ -90,23 +90,26 @@ func Usable(status Status, cooldownUntil string, now int64) bool {
 // every store reports in CapacityError.FreeAt and KeyInfo.FreeAt: now if it
 // can grant now; else the end of its cooldown or its first live lease
 // expiry (first, 0 if none), whichever is later; 0 if it never frees up by
-// itself (disabled, pending, exhausted, or cooling with no end).
-func FreeAt(status Status, cooldownUntil string, limit, live int, first, now int64) int64 {
+// itself (disabled, pending, exhausted, or cooling with no end). held says
+// that moment is when a held lease ends, as CapacityError.Held.
+func FreeAt(status Status, cooldownUntil string, limit, live int, first, now int64) (at int64, held bool) {
 	full := int64(0)
 	if live >= limit {
 		full = first
 	}
-	if Usable(status, cooldownUntil, now) {
-		return max(now, full)
+	switch {
+	case Usable(status, cooldownUntil, now):
+		at = max(now, full)
+	case status != StatusRateLimited && status != StatusCooldown:
+		return 0, false
+	default:
+		cd, ok := parseMillis(cooldownUntil)
+		if !ok {
+			return 0, false
+		}
+		at = max(cd, full)
 	}
-	if status != StatusRateLimited && status != StatusCooldown {
-		return 0
-	}
-	cd, ok := parseMillis(cooldownUntil)
-	if !ok {
-		return 0
-	}
-	return max(cd, full)
+	return at, full != 0 && at == full
 }
 
 // NextFence is the fencing token a grant at now (the store's clock) hands

@@ -75,9 +75,9 @@ func splitLeases(zs []redis.Z, now int64) leaseSet {
 }
 
 // freeAt applies FreeAt to one read of a key and its leases.
-func freeAt(k keyState, l leaseSet, now int64) int64 {
+func freeAt(k keyState, l leaseSet, now int64) (at int64, held bool) {
 	if !k.exists {
-		return 0
+		return 0, false
 	}
 	return FreeAt(k.status, k.cooldown, k.limit, l.live, l.first, now)
 }
@@ -98,12 +98,4 @@ func fromMillis(ms int64) time.Time {
 		return time.Time{}
 	}
 	return time.UnixMilli(ms)
-}
-
-// earliest returns the earlier of two ms instants, ignoring 0 (none).
-func earliest(a, b int64) int64 {
-	if a == 0 || (b != 0 && b < a) {
-		return b
-	}
-	return a
 }

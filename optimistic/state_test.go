@@ -1,8 +1,10 @@
 package optimistic
 
 import (
+	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
@@ -66,17 +68,60 @@ func TestFreeAt(t *testing.T) {
 		key  keyState
 		ls   leaseSet
 		want int64
+		held bool
 	}{
-		{"missing", keyState{}, leaseSet{}, 0},
-		{"room now", keyState{exists: true, status: StatusAvailable, limit: 2}, live(1, 1500), now},
-		{"full", keyState{exists: true, status: StatusAvailable, limit: 2}, live(2, 1500), 1500},
-		{"disabled", keyState{exists: true, status: StatusDisabled, limit: 2}, leaseSet{}, 0},
-		{"cooling", keyState{exists: true, status: StatusCooldown, cooldown: "3000", limit: 1}, leaseSet{}, 3000},
-		{"cooling and full past it", keyState{exists: true, status: StatusRateLimited, cooldown: "3000", limit: 1}, live(1, 4000), 4000},
-		{"cooling, no end", keyState{exists: true, status: StatusRateLimited, limit: 1}, leaseSet{}, 0},
-		{"cooldown passed, full", keyState{exists: true, status: StatusRateLimited, cooldown: "10", limit: 1}, live(1, 1200), 1200},
+		{"missing", keyState{}, leaseSet{}, 0, false},
+		{"room now", keyState{exists: true, status: StatusAvailable, limit: 2}, live(1, 1500), now, false},
+		{"full", keyState{exists: true, status: StatusAvailable, limit: 2}, live(2, 1500), 1500, true},
+		{"disabled", keyState{exists: true, status: StatusDisabled, limit: 2}, leaseSet{}, 0, false},
+		{"disabled and full", keyState{exists: true, status: StatusDisabled, limit: 1}, live(1, 1500), 0, false},
+		{"cooling", keyState{exists: true, status: StatusCooldown, cooldown: "3000", limit: 1}, leaseSet{}, 3000, false},
+		{"cooling and full past it", keyState{exists: true, status: StatusRateLimited, cooldown: "3000", limit: 1}, live(1, 4000), 4000, true},
+		{"cooling past a full key's lease", keyState{exists: true, status: StatusRateLimited, cooldown: "3000", limit: 1}, live(1, 2000), 3000, false},
+		{"cooling ends as the lease does", keyState{exists: true, status: StatusRateLimited, cooldown: "3000", limit: 1}, live(1, 3000), 3000, true},
+		{"cooling, no end", keyState{exists: true, status: StatusRateLimited, limit: 1}, leaseSet{}, 0, false},
+		{"cooldown passed, full", keyState{exists: true, status: StatusRateLimited, cooldown: "10", limit: 1}, live(1, 1200), 1200, true},
 	} {
-		require.Equal(t, c.want, freeAt(c.key, c.ls, now), c.name)
+		at, held := freeAt(c.key, c.ls, now)
+		require.Equal(t, c.want, at, c.name)
+		require.Equal(t, c.held, held, c.name)
+	}
+}
+
+func TestCapacityErrorMerge(t *testing.T) {
+	at := func(ms int64) time.Time { return time.UnixMilli(ms) }
+	for _, c := range []struct {
+		name string
+		in   []CapacityError // merged in this order
+		want CapacityError
+	}{
+		{"nothing", nil, CapacityError{}},
+		{"never frees up", []CapacityError{{}, {}}, CapacityError{}},
+		{"never, then a cooldown", []CapacityError{{}, {FreeAt: at(5)}}, CapacityError{FreeAt: at(5)}},
+		{"earlier wins", []CapacityError{{FreeAt: at(5), Held: true}, {FreeAt: at(3)}}, CapacityError{FreeAt: at(3)}},
+		{"later loses", []CapacityError{{FreeAt: at(3)}, {FreeAt: at(5), Held: true}, {}}, CapacityError{FreeAt: at(3)}},
+		{"tie: held if either", []CapacityError{{FreeAt: at(3), Held: true}, {FreeAt: at(3)}}, CapacityError{FreeAt: at(3), Held: true}},
+		{"tie the other way", []CapacityError{{FreeAt: at(3)}, {FreeAt: at(3), Held: true}}, CapacityError{FreeAt: at(3), Held: true}},
+	} {
+		var got CapacityError
+		for _, e := range c.in {
+			got.Merge(e.FreeAt, e.Held)
+		}
+		require.Equal(t, c.want, got, c.name)
+	}
+}
+
+func TestNotHeld(t *testing.T) {
+	const id = "0f8fad5b-d9cb-469f-a165-70867728950e"
+	for why, want := range map[Loss]string{
+		LostUnknown:  "optimistic: lease lost: lease " + id + " is unknown, released or expired",
+		LostMismatch: "optimistic: lease lost: it belongs to another key, provider or pool: lease " + id,
+		LostExpired:  "optimistic: lease lost: lease " + id + " expired",
+	} {
+		err := NotHeld(id, why)
+		require.EqualError(t, err, want)
+		require.ErrorIs(t, err, ErrLeaseLost)
+		require.Equal(t, why == LostMismatch, errors.Is(err, ErrLeaseMismatch), why)
 	}
 }
 
@@ -86,13 +131,6 @@ func TestParseKey(t *testing.T) {
 	require.True(t, k.member("openai", "vip"))
 	require.False(t, k.member("openai", "default"))
 	require.False(t, parseKey([]any{nil, nil, nil, nil, nil, nil}).exists)
-}
-
-func TestEarliest(t *testing.T) {
-	require.Equal(t, int64(5), earliest(0, 5))
-	require.Equal(t, int64(5), earliest(5, 0))
-	require.Equal(t, int64(3), earliest(5, 3))
-	require.Equal(t, int64(0), earliest(0, 0))
 }
 
 func TestNewRejectsBadPrefix(t *testing.T) {

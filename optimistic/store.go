@@ -18,10 +18,10 @@ type Options struct {
 	// default: "credpool"
 	Prefix string
 
-	// MaxRetries bounds the pauses in one Allocate (or Renew, DeleteKey,
-	// ClearLeases) call. Allocate pauses when every candidate left had its
-	// commit aborted twice in a row, or after an EXEC whose reply was lost;
-	// it then tries those candidates again.
+	// MaxRetries bounds the pauses in one Allocate (or DeleteKey,
+	// ClearLeases) call; Renew and Release never retry. Allocate pauses when
+	// every candidate left had its commit aborted twice in a row, or after
+	// an EXEC whose reply was lost; it then tries those candidates again.
 	//
 	// default: 10
 	MaxRetries int
@@ -52,12 +52,13 @@ type Options struct {
 	// default: 1m
 	RecordGrace time.Duration
 
-	// MinReplicas, when positive, makes a grant or a renewal count only
-	// once that many replicas have acknowledged it (WAIT, in the same round
-	// trip as EXEC), so that a failover to one of them cannot lose it. A
-	// grant too few acknowledged within ReplicaTimeout is given back and
-	// Allocate fails with ErrStore; a renewal fails with ErrStore and the
-	// lease keeps its previous expiry as far as a failover is concerned.
+	// MinReplicas, when positive, makes a grant (one recovered after a lost
+	// EXEC reply too) or a renewal count only once that many replicas have
+	// acknowledged it (WAIT, in the same round trip as EXEC), so that a
+	// failover to one of them cannot lose it. A grant too few acknowledged
+	// within ReplicaTimeout is given back and Allocate fails with ErrStore;
+	// a renewal fails with ErrStore and the lease keeps its previous expiry
+	// as far as a failover is concerned.
 	//
 	// default: 0 (off)
 	MinReplicas int
@@ -75,7 +76,7 @@ func (o *Options) withDefaults() Options {
 		out = *o
 	}
 	if out.Prefix == "" {
-		out.Prefix = "credpool"
+		out.Prefix = rs.DefaultPrefix
 	}
 	if out.MaxRetries <= 0 {
 		out.MaxRetries = 10

@@ -15,7 +15,7 @@ type txn struct {
 	s  *Store
 	tx *redis.Tx
 	// arm lists the keys to WATCH in the first read pipeline; nil when
-	// go-redis already sent WATCH.
+	// go-redis already sent WATCH (and so must see the EXEC, see commit).
 	arm []string
 	// cleared is set once EXEC ran, which drops the watch server-side.
 	cleared bool
@@ -40,14 +40,24 @@ func (t *txn) read(ctx context.Context, fn func(p redis.Pipeliner)) error {
 }
 
 // commit sends MULTI, body and EXEC (and WAIT, see Store.multi) in one
-// round trip and returns EXEC's replies. It returns an ErrConflict if a
-// watched key changed since read.
-func (t *txn) commit(ctx context.Context, body []cmd) ([]any, error) {
-	replies, ran, err := t.s.multi(ctx, t.tx, body)
+// round trip. It returns an ErrConflict if a watched key changed since
+// read. When go-redis sent the WATCH, the transaction goes through its
+// TxPipelined instead (see Store.txPipelined), so that go-redis knows
+// EXEC dropped the watch and does not send UNWATCH again on closing.
+func (t *txn) commit(ctx context.Context, body []cmd) error {
+	var (
+		ran bool
+		err error
+	)
+	if t.arm == nil {
+		ran, err = t.s.txPipelined(ctx, t.tx, body)
+	} else {
+		_, ran, err = t.s.multi(ctx, t.tx, body)
+	}
 	// On other errors the connection is either broken (and dropped) or
 	// still watching.
 	t.cleared = ran
-	return replies, conflict(err)
+	return conflict(err)
 }
 
 // watch runs fn in a transaction watching keys (all in one slot). The
@@ -57,9 +67,9 @@ func (t *txn) commit(ctx context.Context, body []cmd) ([]any, error) {
 // For standalone, Sentinel and Cluster clients we send WATCH in the same
 // pipeline as TIME and the reads instead: two round trips per uncontended
 // attempt. Other clients (Ring, wrappers), and a cluster slot that just
-// moved, fall back to go-redis's Watch, which follows redirects and may
-// run fn again: fn must have no effect outside the transaction but
-// assigning its own results.
+// moved, fall back to go-redis's Watch, which follows redirects of the
+// WATCH itself and runs fn at most once. fn still only reads, decides and
+// commits, assigning its own results: retries are the caller's loop.
 func (s *Store) watch(ctx context.Context, keys []string, fn func(*txn) error) error {
 	switch c := s.rdb.(type) {
 	case *redis.Client:

@@ -24,30 +24,30 @@ const (
 	ring                // a go-redis Ring of one shard: the store falls back to go-redis's own WATCH
 )
 
-// redisBackend wraps any store built on a fresh redis-server for the suite.
+// redisBackend wraps any store built on a fresh redis-server for the suite;
+// each peer is another store of the same kind on a client of its own.
 func redisBackend(t *testing.T, top topology, newStore func(t *testing.T, rdb redis.UniversalClient) optimistic.LeaseStore) leasetest.Backend {
-	var (
-		srv *redistest.Server
-		rdb redis.UniversalClient
-	)
-	switch top {
-	case cluster:
+	var srv *redistest.Server
+	if top == cluster {
 		srv = redistest.StartCluster(t)
-		rdb = srv.Client(t)
-	case ring:
+	} else {
 		srv = redistest.Start(t)
+	}
+	client := func(t *testing.T) redis.UniversalClient {
+		if top != ring {
+			return srv.Client(t)
+		}
 		r := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"only": srv.Addr}, DialerRetries: 1})
 		t.Cleanup(func() { _ = r.Close() })
-		rdb = r
-	default:
-		srv = redistest.Start(t)
-		rdb = srv.Client(t)
+		return r
 	}
+	rdb := client(t)
 	return leasetest.Backend{
 		Store: newStore(t, rdb),
+		Peer:  func(t *testing.T) optimistic.LeaseStore { return newStore(t, client(t)) },
 		SetField: func(t *testing.T, keyID, field string, value *string) {
 			t.Helper()
-			name := redisschema.Schema{Prefix: "credpool"}.Key(keyID)
+			name := redisschema.Schema{Prefix: redisschema.DefaultPrefix}.Key(keyID)
 			var err error
 			if value == nil {
 				err = rdb.HDel(context.Background(), name, field).Err()
@@ -76,7 +76,8 @@ func TestOptimisticConformanceCluster(t *testing.T) {
 }
 
 // Clients other than standalone, Sentinel and Cluster take go-redis's own
-// WATCH path, whose callback may run again: the contract holds there too.
+// WATCH path, where the commit goes through go-redis's TxPipelined: the
+// contract holds there too.
 func TestOptimisticConformanceRing(t *testing.T) {
 	leasetest.Run(t, func(t *testing.T) leasetest.Backend { return redisBackend(t, ring, newOptimistic) })
 }

@@ -3,6 +3,9 @@ package test
 import (
 	"context"
 	"errors"
+	"slices"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -59,34 +62,215 @@ func TestAllocateRoundTrips(t *testing.T) {
 	}
 }
 
+// Through go-redis's own WATCH (a Ring here, as a cluster slot that just
+// moved), the commit goes through go-redis's TxPipelined, so go-redis
+// knows EXEC dropped the watch: a grant is WATCH, the reads and the
+// transaction, with no UNWATCH after it. With MinReplicas WAIT follows on
+// the same connection, and a grant too few acknowledged is given back in
+// one more round trip.
+func TestAllocateRoundTripsThroughGoRedisWatch(t *testing.T) {
+	for _, acks := range []int{0, 1} {
+		srv := redistest.Start(t)
+		var rt redisproc.RoundTrips
+		ring := redis.NewRing(&redis.RingOptions{
+			Addrs: map[string]string{"only": srv.Addr}, DialerRetries: 1,
+			NewClient: func(opt *redis.Options) *redis.Client {
+				c := redis.NewClient(opt)
+				c.AddHook(&rt)
+				return c
+			},
+		})
+		t.Cleanup(func() { _ = ring.Close() })
+		store, err := optimistic.New(ring, &optimistic.Options{MinReplicas: acks, ReplicaTimeout: 10 * time.Millisecond})
+		require.NoError(t, err)
+		syncKey(t, store, "k", optimistic.StatusAvailable)
+
+		rt.Reset()
+		_, _, err = allocateK(t.Context(), store)
+		if acks == 0 {
+			require.NoError(t, err)
+			require.Equal(t, int64(2), rt.Pipelines.Load(), "the reads and the transaction")
+			require.Equal(t, int64(1), rt.Commands.Load(), "WATCH, and no UNWATCH after EXEC")
+			continue
+		}
+		require.ErrorIs(t, err, optimistic.ErrStore, "no replica acknowledged the grant")
+		require.Equal(t, int64(3), rt.Pipelines.Load(), "the reads, the transaction and the give-back")
+		require.Equal(t, int64(2), rt.Commands.Load(), "WATCH and WAIT")
+		infos, err := store.Inspect(t.Context(), "k")
+		require.NoError(t, err)
+		require.Zero(t, infos[0].Live, "given back")
+	}
+}
+
+// A grant too few replicas acknowledged is given back in one round trip:
+// three in all, with no lone command.
+func TestUnacknowledgedGrantRoundTrips(t *testing.T) {
+	rdb := redistest.Start(t).Client(t)
+	store, err := optimistic.New(rdb, &optimistic.Options{MinReplicas: 1, ReplicaTimeout: 10 * time.Millisecond})
+	require.NoError(t, err)
+	syncKey(t, store, "k", optimistic.StatusAvailable)
+	var rt redisproc.RoundTrips
+	rdb.AddHook(&rt)
+	_, _, err = allocateK(t.Context(), store)
+	require.ErrorIs(t, err, optimistic.ErrStore)
+	require.Equal(t, int64(3), rt.Pipelines.Load(), "the reads, MULTI..EXEC+WAIT, the give-back")
+	require.Zero(t, rt.Commands.Load())
+	infos, err := store.Inspect(t.Context(), "k")
+	require.NoError(t, err)
+	require.Zero(t, infos[0].Live, "given back")
+}
+
+// After an EXEC reply is lost, the recheck's read takes the lease's fence
+// along: no read of its own. Without MinReplicas the adopted grant then
+// costs an UNWATCH; with it, the acknowledged rewrite's EXEC clears the
+// watch, and an unacknowledged grant is given back in one MULTI.
+func TestLostReplyRecoveryRoundTrips(t *testing.T) {
+	const recheck = "watch time hmget zrange hmget"
+	for _, c := range []struct {
+		name    string
+		acks    int
+		replica bool
+		want    []string // requests from the recheck on
+	}{
+		{name: "no acks", want: []string{recheck, "unwatch"}},
+		{name: "acknowledged", acks: 1, replica: true, want: []string{recheck, "multi hset exec wait"}},
+		{name: "unacknowledged", acks: 1, want: []string{recheck, "multi hset exec wait", "multi zrem del exec"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			srv := redistest.Start(t)
+			timeout := 10 * time.Millisecond
+			if c.replica {
+				redistest.StartReplica(t, srv.Addr)
+				timeout = 5 * time.Second
+			}
+			proxy := redistest.NewProxy(t, srv.Addr)
+			rdb := redis.NewClient(&redis.Options{Addr: proxy.Addr, DialerRetries: 1})
+			t.Cleanup(func() { _ = rdb.Close() })
+			store, err := optimistic.New(rdb, &optimistic.Options{MinReplicas: c.acks, ReplicaTimeout: timeout})
+			require.NoError(t, err)
+			syncKey(t, store, "k", optimistic.StatusAvailable)
+			var log requestLog
+			rdb.AddHook(&log)
+
+			proxy.CutNextExec()
+			l, st, err := allocateK(t.Context(), store)
+			require.Equal(t, 1, proxy.Cuts(), "the EXEC reply was dropped")
+			require.Equal(t, 2, st.Attempts, "one attempt, one recheck")
+			require.Equal(t, c.want, log.since("watch", 2), "every request: %q", log.all())
+			infos, ierr := store.Inspect(t.Context(), "k")
+			require.NoError(t, ierr)
+			if !c.replica && c.acks > 0 {
+				require.ErrorIs(t, err, optimistic.ErrStore)
+				require.Zero(t, infos[0].Live, "given back")
+				return
+			}
+			require.NoError(t, err)
+			require.Equal(t, 1, infos[0].Live, "one slot")
+			require.Equal(t, infos[0].Fence, l.Fence, "the lease the lost EXEC wrote")
+		})
+	}
+}
+
+// requestLog is a go-redis hook that records each request (a lone command,
+// or a pipeline's command names) but those of a connection's handshake.
+type requestLog struct {
+	mu   sync.Mutex
+	reqs []string
+}
+
+func (r *requestLog) add(cmds ...redis.Cmder) {
+	names := make([]string, len(cmds))
+	for i, c := range cmds {
+		names[i] = c.Name()
+	}
+	if names[0] == "hello" || names[0] == "client" {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.reqs = append(r.reqs, strings.Join(names, " "))
+}
+
+func (r *requestLog) all() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.reqs)
+}
+
+// since returns the requests from the nth one that starts with name on.
+func (r *requestLog) since(name string, nth int) []string {
+	reqs := r.all()
+	for i, req := range reqs {
+		if strings.HasPrefix(req, name+" ") || req == name {
+			if nth--; nth == 0 {
+				return reqs[i:]
+			}
+		}
+	}
+	return nil
+}
+
+func (r *requestLog) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (r *requestLog) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		r.add(cmd)
+		return next(ctx, cmd)
+	}
+}
+
+func (r *requestLog) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		r.add(cmds...)
+		return next(ctx, cmds)
+	}
+}
+
+// syncKey syncs key id, limit 1, with the given status.
+func syncKey(t *testing.T, store optimistic.LeaseStore, id string, status optimistic.Status) {
+	t.Helper()
+	require.NoError(t, store.SyncKey(t.Context(), optimistic.KeyState{ID: id, Provider: "openai", Pool: "default", Status: status, MaxConcurrentUses: 1}))
+}
+
+// allocateK asks store for a lease on key "k".
+func allocateK(ctx context.Context, store optimistic.LeaseStore) (optimistic.Lease, optimistic.Stats, error) {
+	return store.Allocate(ctx, optimistic.AllocateRequest{Provider: "openai", Pool: "default", Candidates: []string{"k"}, TTL: time.Minute})
+}
+
+// skipping returns a store over srv on a client of one pooled connection
+// (opts; Addr defaults to srv's) whose key "k" is disabled, so that every
+// Allocate reads it under WATCH and skips it; and another client of srv,
+// to write behind the store's back.
+func skipping(t *testing.T, srv *redistest.Server, opts redis.Options) (*optimistic.Store, *redis.Client, redis.UniversalClient) {
+	t.Helper()
+	if opts.Addr == "" {
+		opts.Addr = srv.Addr
+	}
+	opts.PoolSize = 1
+	rdb := redis.NewClient(&opts)
+	t.Cleanup(func() { _ = rdb.Close() })
+	store, err := optimistic.New(rdb, nil)
+	require.NoError(t, err)
+	syncKey(t, store, "k", optimistic.StatusDisabled)
+	return store, rdb, srv.Client(t)
+}
+
+// touchK writes key "k" through other, as someone else would: a
+// connection still watching it would abort its next EXEC.
+func touchK(t *testing.T, other redis.UniversalClient) {
+	t.Helper()
+	require.NoError(t, other.HSet(t.Context(), "credpool:key:{k}", "status", "pending").Err())
+}
+
 // A skipped candidate must not leave its WATCH on the pooled connection:
 // the next transaction on that connection would abort for nothing.
 func TestSkippedCandidateLeavesNoWatch(t *testing.T) {
-	srv := redistest.Start(t)
-	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 1})
-	t.Cleanup(func() { _ = rdb.Close() })
-	other := srv.Client(t)
-	store, err := optimistic.New(rdb, nil)
-	require.NoError(t, err)
-	ctx := context.Background()
-	require.NoError(t, store.SyncKey(ctx, optimistic.KeyState{ID: "k", Provider: "openai", Pool: "default", Status: optimistic.StatusDisabled}))
-
-	_, _, err = store.Allocate(ctx, optimistic.AllocateRequest{Provider: "openai", Pool: "default", Candidates: []string{"k"}, TTL: time.Minute})
+	store, rdb, other := skipping(t, redistest.Start(t), redis.Options{})
+	_, _, err := allocateK(t.Context(), store)
 	require.ErrorIs(t, err, optimistic.ErrNoCapacity)
-	// Someone writes the key the skipped attempt watched ...
-	require.NoError(t, other.HSet(ctx, "credpool:key:{k}", "status", "pending").Err())
-	// ... and the next transaction on the one pooled connection still
-	// commits. (Plain pipelines may use connections of their own, so the
-	// probe is a WATCH transaction, like the store's.)
-	err = rdb.Watch(ctx, func(tx *redis.Tx) error {
-		_, err := tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
-			p.Set(ctx, "probe", "1", 0)
-			return nil
-		})
-		return err
-	}, "probe")
-	require.NoError(t, err)
-	require.Equal(t, "1", other.Get(ctx, "probe").Val())
+	touchK(t, other)
+	require.NoError(t, probeCommits(t, rdb), "the connection came back watching")
+	require.Equal(t, "1", other.Get(t.Context(), "probe").Val())
 }
 
 // expireAfterWatch is a go-redis hook that, after the first pipeline that
@@ -108,7 +292,8 @@ func (expireAfterWatch) ProcessPipelineHook(next redis.ProcessPipelineHook) redi
 
 // probeCommits runs a WATCH transaction on rdb's connection and says
 // whether it committed: it does not if that connection still watched a key
-// someone has written since.
+// someone has written since. (Plain pipelines may use connections of
+// their own, so the probe is a WATCH transaction, like the store's.)
 func probeCommits(t *testing.T, rdb *redis.Client) error {
 	t.Helper()
 	ctx := context.Background()
@@ -126,24 +311,18 @@ func probeCommits(t *testing.T, rdb *redis.Client) error {
 // (as serve sets it), an UNWATCH sent on the expired ctx would time out
 // and cost the pool its connection.
 func TestDeadlineDuringSkipKeepsConnection(t *testing.T) {
-	srv := redistest.Start(t)
-	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 1, ContextTimeoutEnabled: true})
-	t.Cleanup(func() { _ = rdb.Close() })
-	other := srv.Client(t)
-	store, err := optimistic.New(rdb, nil)
-	require.NoError(t, err)
-	require.NoError(t, store.SyncKey(t.Context(), optimistic.KeyState{ID: "k", Provider: "openai", Pool: "default", Status: optimistic.StatusDisabled}))
+	store, rdb, other := skipping(t, redistest.Start(t), redis.Options{ContextTimeoutEnabled: true})
 	conn, err := rdb.ClientID(t.Context()).Result()
 	require.NoError(t, err)
 
 	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
 	defer cancel()
 	rdb.AddHook(expireAfterWatch{})
-	_, _, err = store.Allocate(ctx, optimistic.AllocateRequest{Provider: "openai", Pool: "default", Candidates: []string{"k"}, TTL: time.Minute})
+	_, _, err = allocateK(ctx, store)
 	require.ErrorIs(t, err, optimistic.ErrNoCapacity)
 	require.ErrorIs(t, ctx.Err(), context.DeadlineExceeded, "the deadline passed before the UNWATCH")
 
-	require.NoError(t, other.HSet(t.Context(), "credpool:key:{k}", "status", "pending").Err())
+	touchK(t, other)
 	require.NoError(t, probeCommits(t, rdb), "the connection came back watching")
 	again, err := rdb.ClientID(t.Context()).Result()
 	require.NoError(t, err)
@@ -157,23 +336,17 @@ func TestRefusedUnwatchRetiresConnection(t *testing.T) {
 	srv := redistest.Start(t)
 	proxy := redistest.NewProxy(t, srv.Addr)
 	// No retries: a dead connection handed out would surface as an error.
-	rdb := redis.NewClient(&redis.Options{Addr: proxy.Addr, PoolSize: 1, MaxRetries: -1})
-	t.Cleanup(func() { _ = rdb.Close() })
-	other := srv.Client(t)
-	store, err := optimistic.New(rdb, nil)
-	require.NoError(t, err)
+	store, rdb, other := skipping(t, srv, redis.Options{Addr: proxy.Addr, MaxRetries: -1})
 	ctx := t.Context()
-	require.NoError(t, store.SyncKey(ctx, optimistic.KeyState{ID: "k", Provider: "openai", Pool: "default", Status: optimistic.StatusDisabled}))
-
 	for range 20 {
 		proxy.RefuseNext("unwatch")
-		_, _, err = store.Allocate(ctx, optimistic.AllocateRequest{Provider: "openai", Pool: "default", Candidates: []string{"k"}, TTL: time.Minute})
+		_, _, err := allocateK(ctx, store)
 		require.ErrorIs(t, err, optimistic.ErrNoCapacity)
 		if err := rdb.Get(ctx, "unrelated").Err(); !errors.Is(err, redis.Nil) {
 			require.NoError(t, err, "the next caller got the dead connection")
 		}
 	}
 	require.Equal(t, 20, proxy.Refusals())
-	require.NoError(t, other.HSet(ctx, "credpool:key:{k}", "status", "pending").Err())
+	touchK(t, other)
 	require.NoError(t, probeCommits(t, rdb), "a still-watching connection served again")
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/credpool/credpool/internal/retry"
 	"github.com/credpool/credpool/internal/sqlitestore"
 	"github.com/credpool/credpool/internal/sqlitex"
 	"github.com/credpool/credpool/optimistic"
@@ -25,7 +26,7 @@ import (
 )
 
 // openSQLite opens a SQLite file with sqlitex.Open, closed when t ends.
-func openSQLite(t *testing.T, path string) *sql.DB {
+func openSQLite(t *testing.T, path string) *sqlitex.DB {
 	t.Helper()
 	db, err := sqlitex.Open(path)
 	require.NoError(t, err)
@@ -33,18 +34,23 @@ func openSQLite(t *testing.T, path string) *sql.DB {
 	return db
 }
 
-func newSQLiteStore(t *testing.T, db *sql.DB, opts *sqlitestore.Options) *sqlitestore.Store {
+func newSQLiteStore(t *testing.T, db *sqlitex.DB, opts *sqlitestore.Options) *sqlitestore.Store {
 	t.Helper()
 	s, err := sqlitestore.New(context.Background(), db, opts)
 	require.NoError(t, err)
 	return s
 }
 
-// sqliteBackend is a store on a fresh file.
+// sqliteBackend is a store on a fresh file; each peer opens the file
+// again, as another process would.
 func sqliteBackend(t *testing.T) leasetest.Backend {
-	db := openSQLite(t, filepath.Join(t.TempDir(), "leases.db"))
+	path := filepath.Join(t.TempDir(), "leases.db")
+	db := openSQLite(t, path)
 	return leasetest.Backend{
 		Store: newSQLiteStore(t, db, nil),
+		Peer: func(t *testing.T) optimistic.LeaseStore {
+			return newSQLiteStore(t, openSQLite(t, path), nil)
+		},
 		SetField: func(t *testing.T, keyID, field string, value *string) {
 			t.Helper()
 			// field becomes part of the statement: only the suite's names.
@@ -59,7 +65,7 @@ func sqliteBackend(t *testing.T) leasetest.Backend {
 			require.NoError(t, err)
 			require.Equal(t, int64(1), n, "key %s", keyID)
 		},
-		Find: func(t *testing.T, s string) []string { return findInSQLite(t, db, s) },
+		Find: func(t *testing.T, s string) []string { return findInSQLite(t, db.DB, s) },
 		// A closed *sql.DB fails every later call, as an unreachable store.
 		Stop: func(*testing.T) { _ = db.Close() },
 	}
@@ -130,7 +136,7 @@ func TestSQLiteReadOnlyFileIsStoreError(t *testing.T) {
 	ro, err := sql.Open("sqlite", "file:"+path+"?mode=ro&_txlock=immediate")
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = ro.Close() })
-	store := newSQLiteStore(t, ro, nil)
+	store := newSQLiteStore(t, sqlitex.Wrap(ro), nil)
 
 	_, _, err = store.Allocate(ctx, optimistic.AllocateRequest{
 		Provider: "openai", Pool: "default", Candidates: []string{"k"}, TTL: time.Minute,
@@ -184,7 +190,7 @@ func TestSQLiteLockedFileIsContended(t *testing.T) {
 	db, err := sql.Open("sqlite", path+"?_txlock=immediate&_pragma=busy_timeout(10)")
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = db.Close() })
-	store := newSQLiteStore(t, db, &sqlitestore.Options{MaxBusyRetries: 2})
+	store := newSQLiteStore(t, sqlitex.Wrap(db), &sqlitestore.Options{Busy: retry.Policy{MaxRetries: 2}})
 
 	lock, err := holder.BeginTx(ctx, nil)
 	require.NoError(t, err)
@@ -212,7 +218,7 @@ func TestSQLiteLockedUntilDeadlineKeepsBothCauses(t *testing.T) {
 	db, err := sql.Open("sqlite", path+"?_txlock=immediate&_pragma=busy_timeout(5)")
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = db.Close() })
-	store := newSQLiteStore(t, db, &sqlitestore.Options{MaxBusyRetries: 1000, MaxElapsed: time.Hour})
+	store := newSQLiteStore(t, sqlitex.Wrap(db), &sqlitestore.Options{Busy: retry.Policy{MaxRetries: 1000, MaxElapsed: time.Hour}})
 	lock, err := holder.BeginTx(t.Context(), nil)
 	require.NoError(t, err)
 	defer func() { _ = lock.Rollback() }()

@@ -26,10 +26,7 @@ func (s *Store) Allocate(ctx context.Context, req optimistic.AllocateRequest) (o
 	}
 	// One lease id per call: a resent run recognises its own grant by it.
 	leaseID := uuid.NewString()
-	var (
-		free int64
-		held bool // free is when a held lease ends
-	)
+	var full optimistic.CapacityError
 	for _, keyID := range req.Candidates {
 		st.Attempts++
 		res, err := s.claim(ctx, req, keyID, leaseID)
@@ -44,16 +41,13 @@ func (s *Store) Allocate(ctx context.Context, req optimistic.AllocateRequest) (o
 				Fence:    res[2],
 			}, st, nil
 		}
-		if at := res[1]; at != 0 && (free == 0 || at <= free) {
-			held = res[2] == 1 || (at == free && held)
-			free = at
+		var at time.Time // 0: never frees up by itself
+		if res[1] != 0 {
+			at = time.UnixMilli(res[1])
 		}
+		full.Merge(at, res[2] == 1)
 	}
-	ce := &optimistic.CapacityError{Held: held}
-	if free != 0 {
-		ce.FreeAt = time.UnixMilli(free)
-	}
-	return optimistic.Lease{}, st, ce
+	return optimistic.Lease{}, st, &full
 }
 
 // claim runs allocate.lua on one candidate: {1, lease_until, fence, pruned}

@@ -58,15 +58,11 @@ func (s *Store) leaseKeys(ref optimistic.LeaseRef) []string {
 }
 
 // notHeld turns a script's reason for refusing a lease into the contract's
-// error, worded as the optimistic store words it.
+// error, worded as every store words it.
 func notHeld(ctx context.Context, op, leaseID, why string) error {
-	switch why {
-	case "unknown":
-		return fmt.Errorf("%w: lease %s is unknown, released or expired", optimistic.ErrLeaseLost, leaseID)
-	case "mismatch":
-		return fmt.Errorf("%w: lease %s", optimistic.ErrLeaseMismatch, leaseID)
-	case "expired":
-		return fmt.Errorf("%w: lease %s expired", optimistic.ErrLeaseLost, leaseID)
+	switch loss := optimistic.Loss(why); loss {
+	case optimistic.LostUnknown, optimistic.LostMismatch, optimistic.LostExpired:
+		return optimistic.NotHeld(leaseID, loss)
 	}
 	return optimistic.Classify(ctx, op, fmt.Errorf("unexpected script reply %q", why))
 }

@@ -35,7 +35,7 @@ func (o *Options) withDefaults() Options {
 		out = *o
 	}
 	if out.Prefix == "" {
-		out.Prefix = "credpool"
+		out.Prefix = rs.DefaultPrefix
 	}
 	if out.RecordGrace <= 0 {
 		out.RecordGrace = time.Minute

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 
+	"github.com/credpool/credpool/internal/sqlitex"
 	"github.com/credpool/credpool/optimistic"
 )
 
@@ -30,7 +31,7 @@ ON CONFLICT (id) DO UPDATE SET
 			toMillis(k.LastUsedAt), k.Score)
 		return err
 	})
-	return classify(ctx, "sync key", err)
+	return sqlitex.Classify(ctx, "sync key", err)
 }
 
 // DeleteKey removes the key, its pool membership and all its leases, whose
@@ -47,7 +48,7 @@ func (s *Store) DeleteKey(ctx context.Context, keyID string) error {
 		_, err := tx.ExecContext(ctx, `DELETE FROM lease_keys WHERE id = ?`, keyID)
 		return err
 	})
-	return classify(ctx, "delete key", err)
+	return sqlitex.Classify(ctx, "delete key", err)
 }
 
 // ClearLeases force-releases every lease of the key (an admin action) and
@@ -67,7 +68,7 @@ func (s *Store) ClearLeases(ctx context.Context, keyID string) (int, error) {
 		return err
 	})
 	if err != nil {
-		return 0, classify(ctx, "clear leases", err)
+		return 0, sqlitex.Classify(ctx, "clear leases", err)
 	}
 	return int(n), nil
 }
@@ -95,7 +96,7 @@ func (s *Store) Inspect(ctx context.Context, keyIDs ...string) ([]optimistic.Key
 		return nil
 	})
 	if err != nil {
-		return nil, classify(ctx, "inspect", err)
+		return nil, sqlitex.Classify(ctx, "inspect", err)
 	}
 	return out, nil
 }

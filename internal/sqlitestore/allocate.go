@@ -7,6 +7,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/credpool/credpool/internal/sqlitex"
 	"github.com/credpool/credpool/optimistic"
 )
 
@@ -16,10 +17,10 @@ import (
 // ErrContended when the file stayed busy past the retry budget, and an
 // ErrStore when SQLite fails.
 //
-// One IMMEDIATE transaction walks the candidates: it prunes each one's
-// expired leases, then claims the first with room by writing the lease,
-// marking the key available with no cooldown, stamping last_used_at and
-// bumping its fencing counter. On error nothing is written. Stats.Attempts
+// One IMMEDIATE transaction walks the candidates and claims the first with
+// room: it prunes that key's expired leases, writes the lease, marks the
+// key available with no cooldown, stamps last_used_at and bumps its
+// fencing counter. On error nothing is written. Stats.Attempts
 // counts transactions tried, Stats.Conflicts those retried because the file
 // was busy.
 func (s *Store) Allocate(ctx context.Context, req optimistic.AllocateRequest) (optimistic.Lease, optimistic.Stats, error) {
@@ -35,34 +36,27 @@ func (s *Store) Allocate(ctx context.Context, req optimistic.AllocateRequest) (o
 	st.Pruned = c.pruned
 	switch {
 	case err != nil:
-		return optimistic.Lease{}, st, classify(ctx, "allocate", err)
+		return optimistic.Lease{}, st, sqlitex.Classify(ctx, "allocate", err)
 	case c.lease.KeyID == "":
-		return optimistic.Lease{}, st, &optimistic.CapacityError{FreeAt: fromMillis(c.free), Held: c.held}
+		return optimistic.Lease{}, st, &c.full
 	}
 	return c.lease, st, nil
 }
 
-// claimed is what Allocate's transaction found: a lease, or none and the
-// earliest free-up (ms) among the skipped members; and how many expired
-// leases it pruned.
+// claimed is what Allocate's transaction found: a lease and how many
+// expired leases of its key it pruned, or none and what the skipped
+// members said.
 type claimed struct {
 	lease  optimistic.Lease
-	free   int64
-	held   bool // free is when a held lease ends
+	full   optimistic.CapacityError
 	pruned int
 }
 
-// claim is the body of Allocate's transaction.
+// claim is the body of Allocate's transaction. Like the Redis stores it
+// prunes only the key it grants on, so Stats.Pruned means the same.
 func claim(ctx context.Context, tx *sql.Tx, req optimistic.AllocateRequest, leaseID string, now int64) (claimed, error) {
 	var c claimed
 	for _, id := range req.Candidates {
-		res, err := tx.ExecContext(ctx, `DELETE FROM lease_leases WHERE key_id = ? AND until <= ?`, id, now)
-		if err != nil {
-			return claimed{}, err
-		}
-		if n, err := res.RowsAffected(); err == nil {
-			c.pruned += int(n)
-		}
 		k, err := readKey(ctx, tx, id, now)
 		if err != nil {
 			return claimed{}, err
@@ -71,11 +65,16 @@ func claim(ctx context.Context, tx *sql.Tx, req optimistic.AllocateRequest, leas
 			continue
 		}
 		if !k.canGrant(now) {
-			if at := k.freeAt(now); at != 0 && (c.free == 0 || at <= c.free) {
-				c.held = (k.live >= k.limit && at == k.first) || (at == c.free && c.held)
-				c.free = at
-			}
+			at, held := optimistic.FreeAt(k.status, k.cooldown, k.limit, k.live, k.first, now)
+			c.full.Merge(fromMillis(at), held)
 			continue
+		}
+		res, err := tx.ExecContext(ctx, `DELETE FROM lease_leases WHERE key_id = ? AND until <= ?`, id, now)
+		if err != nil {
+			return claimed{}, err
+		}
+		if n, err := res.RowsAffected(); err == nil {
+			c.pruned = int(n)
 		}
 		// The clock again, for microseconds: under the write lock, so still
 		// after every grant committed before this one.

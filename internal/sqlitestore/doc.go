@@ -16,8 +16,9 @@
 // correct, only slower. Inspect reads in a deferred transaction and, in WAL
 // mode, never waits for writers.
 //
-// Within one Store, write transactions first queue on a gate, in arrival
-// order, until ctx ends. SQLite's busy handler polls a taken lock with
+// Within one process, write transactions first queue on the gate of the
+// sqlitex.DB (shared with the catalog and the request log on the same
+// file), in arrival order, until ctx ends. SQLite's busy handler polls a taken lock with
 // sleeps of up to 100ms; the gate hands it on at once. Measured with 64
 // goroutines racing on one key, rounds ran about 6x faster, and the stress
 // test's releases stopped running out of busy retries. The busy handler is

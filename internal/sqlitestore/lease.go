@@ -4,9 +4,9 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"fmt"
 	"time"
 
+	"github.com/credpool/credpool/internal/sqlitex"
 	"github.com/credpool/credpool/optimistic"
 )
 
@@ -26,7 +26,7 @@ func (s *Store) Release(ctx context.Context, ref optimistic.LeaseRef) error {
 		_, err := tx.ExecContext(ctx, `DELETE FROM lease_leases WHERE id = ?`, ref.LeaseID)
 		return err
 	})
-	return classify(ctx, "release", err)
+	return sqlitex.Classify(ctx, "release", err)
 }
 
 // Holds returns the lease's expiry if ref holds a live lease, else
@@ -41,7 +41,7 @@ func (s *Store) Holds(ctx context.Context, ref optimistic.LeaseRef) (time.Time, 
 		return err
 	})
 	if err != nil {
-		return time.Time{}, classify(ctx, "holds", err)
+		return time.Time{}, sqlitex.Classify(ctx, "holds", err)
 	}
 	return fromMillis(until), nil
 }
@@ -67,7 +67,7 @@ func (s *Store) Renew(ctx context.Context, ref optimistic.LeaseRef, ttl time.Dur
 		return err
 	})
 	if err != nil {
-		return time.Time{}, classify(ctx, "renew", err)
+		return time.Time{}, sqlitex.Classify(ctx, "renew", err)
 	}
 	return fromMillis(until), nil
 }
@@ -84,13 +84,13 @@ func holds(ctx context.Context, tx *sql.Tx, ref optimistic.LeaseRef, now int64) 
 		ref.LeaseID, ref.KeyID).Scan(&provider, &pool, &until)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
-		return 0, fmt.Errorf("%w: lease %s is unknown, released or expired", optimistic.ErrLeaseLost, ref.LeaseID)
+		return 0, optimistic.NotHeld(ref.LeaseID, optimistic.LostUnknown)
 	case err != nil:
 		return 0, err
 	case provider != ref.Provider || pool != ref.Pool:
-		return 0, fmt.Errorf("%w: lease %s", optimistic.ErrLeaseMismatch, ref.LeaseID)
+		return 0, optimistic.NotHeld(ref.LeaseID, optimistic.LostMismatch)
 	case until <= now:
-		return 0, fmt.Errorf("%w: lease %s expired", optimistic.ErrLeaseLost, ref.LeaseID)
+		return 0, optimistic.NotHeld(ref.LeaseID, optimistic.LostExpired)
 	}
 	return until, nil
 }

@@ -65,7 +65,8 @@ func (k keyState) freeAt(now int64) int64 {
 	if !k.exists {
 		return 0
 	}
-	return optimistic.FreeAt(k.status, k.cooldown, k.limit, k.live, k.first, now)
+	at, _ := optimistic.FreeAt(k.status, k.cooldown, k.limit, k.live, k.first, now)
+	return at
 }
 
 // cooldownUntil is the parsed cooldown_until, zero if unset or malformed.

@@ -4,7 +4,7 @@
 //
 //	func TestMyStore(t *testing.T) {
 //		leasetest.Run(t, func(t *testing.T) leasetest.Backend {
-//			return leasetest.Backend{Store: ..., SetField: ..., Find: ..., Stop: ...}
+//			return leasetest.Backend{Store: ..., Peer: ..., SetField: ..., Find: ..., Stop: ...}
 //		})
 //	}
 //
@@ -12,6 +12,9 @@
 // Stress hammers one backend with concurrent allocators, renewals,
 // releases and crashes and checks the invariants afterwards: never more
 // holders than the limit, never a fencing token twice, no lost update.
+// Racing callers are spread over the backend's Store and its peers, as
+// over several processes, so that a store which queues its own callers
+// (per key, per file) cannot hide a race that its transactions lose.
 package leasetest
 
 import (
@@ -31,6 +34,10 @@ import (
 // needs to look behind the contract. Every field is required.
 type Backend struct {
 	Store optimistic.LeaseStore
+	// Peer returns another store over the same data, cleaned up when t
+	// ends, as a second process would open it: sharing no in-process state
+	// with Store or other peers (gates, locks, connections).
+	Peer func(t *testing.T) optimistic.LeaseStore
 	// SetField overwrites one stored field of a key's allocation state with
 	// a raw value, as a buggy catalog sync might leave it; nil removes it.
 	// Fields: "max_concurrent_uses", "cooldown_until".
@@ -66,10 +73,30 @@ func syncKeys(t *testing.T, b Backend, keys ...optimistic.KeyState) {
 }
 
 func allocate(b Backend, ttl time.Duration, candidates ...string) (optimistic.Lease, error) {
-	l, _, err := b.Store.Allocate(context.Background(), optimistic.AllocateRequest{
+	return allocateOn(b.Store, ttl, candidates...)
+}
+
+func allocateOn(s optimistic.LeaseStore, ttl time.Duration, candidates ...string) (optimistic.Lease, error) {
+	l, _, err := s.Allocate(context.Background(), optimistic.AllocateRequest{
 		Provider: provider, Pool: pool, Candidates: candidates, TTL: ttl,
 	})
 	return l, err
+}
+
+// processes is how many stores, the backend's and its peers, racing
+// callers are spread over. Two already race where one store's own queue
+// would hide it; more would have SQLite's busy handler, which arbitrates
+// between processes, starve a writer past its retry budget.
+const processes = 2
+
+// stores returns the backend's Store and processes-1 peers of it.
+func stores(t *testing.T, b Backend) []optimistic.LeaseStore {
+	t.Helper()
+	out := []optimistic.LeaseStore{b.Store}
+	for len(out) < processes {
+		out = append(out, b.Peer(t))
+	}
+	return out
 }
 
 func mustAllocate(t *testing.T, b Backend, ttl time.Duration, candidates ...string) optimistic.Lease {
@@ -120,6 +147,7 @@ var cases = []struct {
 	{"Limit5Race64ExactlyFiveWin", func(t *testing.T, b Backend) { raceOnKey(t, b, 5, 64, 5) }},
 	{"Limit2TwoGrantsThenNoSlot", limit2},
 	{"ExpiredSlotReclaimedAndPruned", expiryReclaims},
+	{"OnlyTheGrantedKeyIsPruned", prunesGrantedOnly},
 	{"ReleaseFreesSlotAtOnce", releaseFrees},
 	{"ReleaseWithWrongIDsKeepsLease", releaseMismatch},
 	{"ReleaseAfterExpirySparesNewerLease", releaseAfterExpiry},
@@ -147,20 +175,22 @@ var cases = []struct {
 }
 
 // raceOnKey runs rounds of workers concurrent allocates on a fresh key of
-// the given limit: exactly limit must win, the rest must be refused.
+// the given limit, spread over the backend's stores: exactly limit must
+// win, the rest must be refused.
 func raceOnKey(t *testing.T, b Backend, limit, workers, rounds int) {
+	procs := stores(t, b)
 	for round := range rounds {
 		id := fmt.Sprintf("race-%d", round)
 		syncKeys(t, b, key(id, limit))
 		results := make(chan error, workers)
 		start := make(chan struct{})
 		var wg sync.WaitGroup
-		for range workers {
+		for w := range workers {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
 				<-start
-				_, err := allocate(b, longTTL, id)
+				_, err := allocateOn(procs[w%len(procs)], longTTL, id)
 				results <- err
 			}()
 		}
@@ -205,6 +235,24 @@ func expiryReclaims(t *testing.T, b Backend) {
 	require.NotEqual(t, old.LeaseID, fresh.LeaseID)
 	require.Empty(t, b.Find(t, old.LeaseID), "the expired lease is pruned with its record")
 	require.NotEmpty(t, b.Find(t, fresh.LeaseID))
+}
+
+// A grant prunes the expired leases of the key it grants on, and only
+// those: Stats.Pruned means the same on every store.
+func prunesGrantedOnly(t *testing.T, b Backend) {
+	syncKeys(t, b, key("skipped", 1), key("granted", 1))
+	old := mustAllocate(t, b, shortTTL, "skipped")
+	waitPast(old.Until)
+	disabled := key("skipped", 1)
+	disabled.Status = optimistic.StatusDisabled
+	syncKeys(t, b, disabled)
+	l, st, err := b.Store.Allocate(context.Background(), optimistic.AllocateRequest{
+		Provider: provider, Pool: pool, Candidates: []string{"skipped", "granted"}, TTL: longTTL,
+	})
+	require.NoError(t, err)
+	require.Equal(t, "granted", l.KeyID)
+	require.Zero(t, st.Pruned, "nothing expired on the granted key")
+	require.NotEmpty(t, b.Find(t, old.LeaseID), "a skipped candidate's expired lease is left for its own next grant")
 }
 
 func releaseFrees(t *testing.T, b Backend) {
@@ -597,6 +645,9 @@ func storeDown(t *testing.T, b Backend) {
 	require.ErrorIs(t, err, optimistic.ErrStore)
 	require.ErrorIs(t, b.Store.SyncKey(ctx, key("k", 1)), optimistic.ErrStore)
 	_, err = b.Store.Inspect(ctx, "k")
+	require.ErrorIs(t, err, optimistic.ErrStore)
+	require.ErrorIs(t, b.Store.DeleteKey(ctx, "k"), optimistic.ErrStore)
+	_, err = b.Store.ClearLeases(ctx, "k")
 	require.ErrorIs(t, err, optimistic.ErrStore)
 }
 

@@ -17,9 +17,9 @@ import (
 	"github.com/credpool/credpool/optimistic"
 )
 
-// Stress hammers a fresh backend for about d with concurrent allocators
-// over several keys with random limits, hold times, renewals, releases and
-// crashes (leases left to expire). Three independent checks: a live holder
+// Stress hammers a fresh backend for about d with concurrent allocators,
+// spread over its Store and peers, over several keys with random limits,
+// hold times, renewals, releases and crashes (leases left to expire). Three independent checks: a live holder
 // count per key never exceeds the limit; after the run, the hold intervals
 // (grant to release, or to expiry for a crashed holder, so expired leases
 // keep their slot until they really end) never overlap more than the limit;
@@ -27,6 +27,7 @@ import (
 // update. Fencing tokens must be unique per key.
 func Stress(t *testing.T, newBackend Factory, d time.Duration) {
 	b := newBackend(t)
+	procs := stores(t, b)
 	rng := rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))
 	const nKeys = 4
 	ids := make([]string, nKeys)
@@ -57,7 +58,8 @@ func Stress(t *testing.T, newBackend Factory, d time.Duration) {
 		default:
 		}
 	}
-	worker := func(seed uint64) {
+	// Each worker keeps to one store, as a caller keeps to its process.
+	worker := func(s optimistic.LeaseStore, seed uint64) {
 		defer wg.Done()
 		rng := rand.New(rand.NewPCG(seed, seed))
 		for time.Now().Before(deadline) {
@@ -68,7 +70,7 @@ func Stress(t *testing.T, newBackend Factory, d time.Duration) {
 			if crash {
 				ttl = time.Duration(50+rng.IntN(100)) * time.Millisecond
 			}
-			l, err := allocate(b, ttl, order[:1+rng.IntN(len(order))]...)
+			l, err := allocateOn(s, ttl, order[:1+rng.IntN(len(order))]...)
 			if errors.Is(err, optimistic.ErrNoCapacity) || errors.Is(err, optimistic.ErrContended) {
 				continue
 			}
@@ -91,21 +93,21 @@ func Stress(t *testing.T, newBackend Factory, d time.Duration) {
 			}
 			time.Sleep(time.Duration(rng.IntN(3000)) * time.Microsecond)
 			if rng.IntN(4) == 0 {
-				if _, err := b.Store.Renew(context.Background(), l.LeaseRef, ttl); err != nil {
+				if _, err := s.Renew(context.Background(), l.LeaseRef, ttl); err != nil {
 					report(fmt.Errorf("renew a live lease: %w", err))
 				}
 			}
 			holders[l.KeyID].Add(-1)
 			holds.add(l, start, time.Now())
-			if err := b.Store.Release(context.Background(), l.LeaseRef); err != nil {
+			if err := s.Release(context.Background(), l.LeaseRef); err != nil {
 				report(fmt.Errorf("release a live lease: %w", err))
 			}
 		}
 	}
-	mutexWorker := func() {
+	mutexWorker := func(s optimistic.LeaseStore) {
 		defer wg.Done()
 		for time.Now().Before(deadline) {
-			l, err := allocate(b, 5*time.Second, "mutex")
+			l, err := allocateOn(s, 5*time.Second, "mutex")
 			if errors.Is(err, optimistic.ErrNoCapacity) || errors.Is(err, optimistic.ErrContended) {
 				runtime.Gosched()
 				continue
@@ -119,18 +121,18 @@ func Stress(t *testing.T, newBackend Factory, d time.Duration) {
 			runtime.Gosched()
 			counter.Store(v + 1)
 			mutexOps.Add(1)
-			if err := b.Store.Release(context.Background(), l.LeaseRef); err != nil {
+			if err := s.Release(context.Background(), l.LeaseRef); err != nil {
 				report(fmt.Errorf("release mutex: %w", err))
 			}
 		}
 	}
 	for i := range 16 {
 		wg.Add(1)
-		go worker(uint64(i) + rng.Uint64())
+		go worker(procs[i%len(procs)], uint64(i)+rng.Uint64())
 	}
-	for range 6 {
+	for i := range 6 {
 		wg.Add(1)
-		go mutexWorker()
+		go mutexWorker(procs[i%len(procs)])
 	}
 	wg.Wait()
 	close(errs)
