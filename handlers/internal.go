@@ -13,12 +13,11 @@ import (
 	"github.com/credpool/credpool/optimistic"
 )
 
-// Request limits: the default lease length (s), the longest retry_after
-// and model id.
+// Request limits: the default lease length and the longest retry_after,
+// in seconds.
 const (
 	defaultLeaseSeconds = 35
 	maxRetryAfter       = 86400
-	maxModelLen         = 256
 )
 
 type internalAPI struct {
@@ -62,8 +61,8 @@ func (a internalAPI) allocate(c *gin.Context) {
 	if !ok || !validID(c, "provider", req.Provider) || !validID(c, "pool", req.Pool) {
 		return
 	}
-	if req.Model == "" || len(req.Model) > maxModelLen {
-		invalid(c, "model", "required, at most 256 characters")
+	if catalog.CheckModel("model", req.Model) != nil {
+		invalid(c, "model", "required, at most 256 characters, no spaces or control characters")
 		return
 	}
 	if req.RequestID != "" && !validID(c, "request_id", req.RequestID) {

@@ -12,7 +12,8 @@ import (
 // AdminCatalog is what key administration needs from the catalog.
 type AdminCatalog interface {
 	Put(ctx context.Context, k catalog.Key) (catalog.Key, error)
-	Get(ctx context.Context, id string) (catalog.Key, error)
+	// Key reads a key without its secret.
+	Key(ctx context.Context, id string) (catalog.Key, error)
 	List(ctx context.Context, provider, pool string) ([]catalog.Key, error)
 	Delete(ctx context.Context, id string) error
 	SetAlias(ctx context.Context, provider, alias, model string) error
@@ -24,19 +25,13 @@ type AdminCatalog interface {
 // Admin manages keys: the catalog first (the source of truth), then the
 // store. It is safe for concurrent use.
 type Admin struct {
-	syncer
-	catalog AdminCatalog
-	store   optimistic.LeaseStore
+	syncer[AdminCatalog]
 }
 
 // NewAdmin returns an Admin over a catalog and a lease store. Of opts it
 // uses MaxLease, Losses, StoreID and Logger: give it the Broker's.
 func NewAdmin(c AdminCatalog, s optimistic.LeaseStore, opts *Options) *Admin {
-	o := opts.withDefaults()
-	return &Admin{
-		syncer:  syncer{catalog: c, store: s, storeID: o.StoreID, losses: o.Losses, maxLease: o.MaxLease, log: o.Logger},
-		catalog: c, store: s,
-	}
+	return &Admin{newSyncer(c, s, opts.withDefaults())}
 }
 
 // KeyView is a key as an operator sees it: catalog fields and live state,
@@ -54,18 +49,14 @@ type KeyView struct {
 // Put upserts a key in the catalog, then syncs its allocation state to the
 // store: a key the store lost is quarantined (see Options.MaxLease), and
 // the key returned says so. If the store fails, the catalog keeps the
-// change and the error says so; a later Sync repairs the store.
+// change and the error says so; a later Sync repairs the store. A key
+// deleted meanwhile is returned as stored, and not written to the store.
 func (a *Admin) Put(ctx context.Context, k catalog.Key) (catalog.Key, error) {
 	stored, err := a.catalog.Put(ctx, k)
 	if err != nil {
 		return catalog.Key{}, catalogErr(ctx, "put key", err)
 	}
-	infos, err := a.store.Inspect(ctx, stored.ID)
-	if err != nil {
-		return stored, err
-	}
-	stored, _, err = a.sync(ctx, stored, infos[0])
-	return stored, err
+	return a.resync(ctx, stored)
 }
 
 // Keys lists every key with its live state (one store round trip),
@@ -80,7 +71,7 @@ func (a *Admin) Keys(ctx context.Context) ([]KeyView, error) {
 
 // Key returns one key with its live state; catalog.ErrNotFound if absent.
 func (a *Admin) Key(ctx context.Context, id string) (KeyView, error) {
-	k, err := a.catalog.Get(ctx, id)
+	k, err := a.catalog.Key(ctx, id)
 	if err != nil {
 		return KeyView{}, catalogErr(ctx, "get key", err)
 	}

@@ -39,7 +39,10 @@ var (
 // Catalog is what the broker needs from the key catalog.
 type Catalog interface {
 	List(ctx context.Context, provider, pool string) ([]catalog.Key, error)
+	// Get reads a key with its secret: only to hand the secret out.
 	Get(ctx context.Context, id string) (catalog.Key, error)
+	// Key reads a key without its secret: to check its state.
+	Key(ctx context.Context, id string) (catalog.Key, error)
 	ResolveModel(ctx context.Context, provider, model string) (string, error)
 	MarkUsed(ctx context.Context, id string, at time.Time) error
 	RecoverCooldown(ctx context.Context, id string, now time.Time) (bool, error)
@@ -126,13 +129,10 @@ func (o *Options) withDefaults() Options {
 // Broker serves allocate requests. It is safe for concurrent use. Close
 // it to stop retrying releases in the background.
 type Broker struct {
-	syncer
-	catalog  Catalog
-	store    optimistic.LeaseStore
+	syncer[Catalog]
 	requests RequestLog
 	weights  Weights
 	pools    PoolOrder
-	log      *slog.Logger
 	backlog  *backlog
 
 	mu  sync.Mutex // guards rng
@@ -143,8 +143,8 @@ type Broker struct {
 func New(c Catalog, s optimistic.LeaseStore, opts *Options) *Broker {
 	o := opts.withDefaults()
 	b := &Broker{
-		syncer:  syncer{catalog: c, store: s, storeID: o.StoreID, losses: o.Losses, maxLease: o.MaxLease, log: o.Logger},
-		catalog: c, store: s, requests: o.Requests, weights: DefaultWeights(), pools: o.Pools, log: o.Logger,
+		syncer:   newSyncer(c, s, o),
+		requests: o.Requests, weights: DefaultWeights(), pools: o.Pools,
 		backlog: newBacklog(s, o.Logger),
 		rng:     rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
 	}
@@ -164,17 +164,6 @@ func (b *Broker) Close(ctx context.Context) { b.backlog.close(ctx) }
 // Backlog reports the releases that met a store failure and are retried
 // in the background.
 func (b *Broker) Backlog() Backlog { return b.backlog.stats() }
-
-// release gives a lease back. If the store fails, the release is kept and
-// retried in the background until the store answers, so the slot returns
-// as soon as the store does; the caller still gets the error.
-func (b *Broker) release(ctx context.Context, ref optimistic.LeaseRef) error {
-	err := b.store.Release(ctx, ref)
-	if err != nil && !errors.Is(err, optimistic.ErrLeaseLost) && !errors.Is(err, optimistic.ErrInvalid) {
-		b.backlog.add(ref)
-	}
-	return err
-}
 
 // Request asks for one credential.
 type Request struct {
@@ -277,7 +266,7 @@ func (b *Broker) allocateOnce(ctx context.Context, req Request, model string) (G
 // replay hands out a recorded lease again, renewed to ttl, if its key
 // still backs it.
 func (b *Broker) replay(ctx context.Context, l optimistic.Lease, model string, ttl time.Duration) (Grant, error) {
-	until, k, err := b.renew(ctx, l.LeaseRef, ttl)
+	until, k, err := b.renew(ctx, l.LeaseRef, ttl, b.catalog.Get)
 	if err != nil {
 		return Grant{}, err
 	}
@@ -286,7 +275,7 @@ func (b *Broker) replay(ctx context.Context, l optimistic.Lease, model string, t
 }
 
 func (b *Broker) forget(ctx context.Context, id, token string) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	ctx, cancel := detach(ctx)
 	defer cancel()
 	if err := b.requests.Forget(ctx, id, token); err != nil {
 		b.log.WarnContext(ctx, "forget request id", "err", err)
@@ -309,20 +298,16 @@ func (b *Broker) allocate(ctx context.Context, req Request, model string) (Grant
 			return Grant{}, catalogErr(ctx, "list keys", err)
 		}
 		p := poolRun{Broker: b, req: req, pool: pool, model: model, grant: &g}
-		cands, cooling, served := p.candidates(ctx, keys)
+		cands, served := p.candidates(ctx, keys)
 		anyKey = anyKey || len(keys) > 0
 		serving = serving || served
-		wait = sooner(wait, optimistic.CapacityError{FreeAt: cooling})
 		if len(cands) == 0 {
+			wait = sooner(wait, p.wait)
 			continue
 		}
 		err = p.allocate(ctx, cands)
+		wait = sooner(wait, p.wait)
 		var full *optimistic.CapacityError
-		if errors.As(err, &full) && b.backlog.stuck(ids(cands)...) > 0 && b.backlog.round(ctx, ids(cands)...) {
-			// Full only because releases waited for the store, which now
-			// took them: ask again.
-			err = p.allocate(ctx, cands)
-		}
 		switch {
 		case err == nil:
 			return g, nil
@@ -367,14 +352,22 @@ func (b *Broker) validate(req Request) error {
 	if err := (optimistic.AllocateRequest{Provider: req.Provider, Pool: req.Pool, TTL: req.TTL}).Validate(); err != nil {
 		return err
 	}
-	if req.TTL > b.maxLease {
-		return fmt.Errorf("%w: lease ttl %v: want at most %v", optimistic.ErrInvalid, req.TTL, b.maxLease)
+	if err := b.checkTTL(req.TTL); err != nil {
+		return err
 	}
-	if req.Model == "" || len(req.Model) > 256 {
-		return fmt.Errorf("%w: model: want 1-256 characters", optimistic.ErrInvalid)
+	if err := catalog.CheckModel("model", req.Model); err != nil {
+		return err
 	}
 	if req.RequestID != "" && !optimistic.ValidID(req.RequestID) {
 		return fmt.Errorf("%w: request_id: want 1-128 characters of [A-Za-z0-9._-]", optimistic.ErrInvalid)
+	}
+	return nil
+}
+
+// checkTTL refuses a lease longer than MaxLease, granted or renewed to.
+func (b *Broker) checkTTL(ttl time.Duration) error {
+	if ttl > b.maxLease {
+		return fmt.Errorf("%w: lease ttl %v: want at most %v", optimistic.ErrInvalid, ttl, b.maxLease)
 	}
 	return nil
 }
@@ -403,13 +396,6 @@ func sooner(a, b optimistic.CapacityError) optimistic.CapacityError {
 		return b
 	case b.FreeAt.Equal(a.FreeAt):
 		a.Held = a.Held || b.Held
-	}
-	return a
-}
-
-func earliest(a, b time.Time) time.Time {
-	if a.IsZero() || (!b.IsZero() && b.Before(a)) {
-		return b
 	}
 	return a
 }

@@ -1,10 +1,12 @@
 package broker_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -49,6 +51,8 @@ func TestAllocateValidates(t *testing.T) {
 		{"bad pool", func(r *broker.Request) { r.Pool = "no/slash" }},
 		{"no ttl", func(r *broker.Request) { r.TTL = 0 }},
 		{"no model", func(r *broker.Request) { r.Model = "" }},
+		{"model with a space", func(r *broker.Request) { r.Model = "gpt 4o" }},
+		{"model too long", func(r *broker.Request) { r.Model = strings.Repeat("m", 257) }},
 		{"bad request id", func(r *broker.Request) { r.RequestID = "has space" }},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -265,7 +269,7 @@ func TestCatalogFailures(t *testing.T) {
 
 	t.Run("get during confirm gives the slot back", func(t *testing.T) {
 		e := newEnv(t, key("a", "default", 1), key("b", "default", 1))
-		c := &flakyCatalog{SQL: e.cat, failGet: 1, getErr: errInjected}
+		c := &flakyCatalog{SQL: e.cat, failRead: 1, readErr: errInjected}
 		s := &hookStore{Store: e.store}
 		_, err := e.broker(c, s).Allocate(t.Context(), req("default"))
 		require.ErrorIs(t, err, broker.ErrCatalog)
@@ -281,7 +285,7 @@ func TestCatalogFailures(t *testing.T) {
 		e := newEnv(t)
 		_, err := e.cat.Put(t.Context(), key("a", "default", 1)) // never synced
 		require.NoError(t, err)
-		c := &flakyCatalog{SQL: e.cat, failGet: 1, getErr: errInjected}
+		c := &flakyCatalog{SQL: e.cat, failRead: 1, readErr: errInjected}
 		_, err = e.broker(c, e.store).Allocate(t.Context(), req("default"))
 		require.ErrorIs(t, err, broker.ErrCatalog)
 		require.False(t, e.info(t, "a").Exists, "nothing synced")
@@ -298,7 +302,7 @@ func TestCatalogFailures(t *testing.T) {
 	t.Run("renew", func(t *testing.T) {
 		e := newEnv(t, key("a", "default", 1))
 		g := allocate(t, e.plain(), req("default"))
-		c := &flakyCatalog{SQL: e.cat, failGet: 1, getErr: errInjected}
+		c := &flakyCatalog{SQL: e.cat, failRead: 1, readErr: errInjected}
 		_, err := e.broker(c, e.store).Renew(t.Context(), g.LeaseRef, time.Minute)
 		require.ErrorIs(t, err, broker.ErrCatalog)
 		require.NotErrorIs(t, err, optimistic.ErrLeaseLost, "a catalog outage does not revoke the holder")
@@ -328,6 +332,22 @@ func TestCancellationIsNotCatalogFailure(t *testing.T) {
 		require.Len(t, s.recorded(), 1)
 		require.Zero(t, e.live(t, "a"), "the slot is given back after the caller left")
 		require.Zero(t, e.live(t, "b"))
+	})
+
+	t.Run("the store follows a key disabled meanwhile after the caller left", func(t *testing.T) {
+		e := newEnv(t, key("a", "default", 1))
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		s := &hookStore{Store: e.store, granted: func(l optimistic.Lease) {
+			k := e.get(t, l.KeyID)
+			k.Status = optimistic.StatusDisabled
+			_, err := e.cat.Put(t.Context(), k) // the catalog only
+			require.NoError(t, err)
+		}}
+		_, err := e.broker(cancelingCatalog{SQL: e.cat, cancel: cancel, afterRead: true}, s).Allocate(ctx, req("default"))
+		require.ErrorIs(t, err, broker.ErrPolicy)
+		require.Zero(t, e.live(t, "a"))
+		require.Equal(t, optimistic.StatusDisabled, e.info(t, "a").Status, "no longer grantable in the store")
 	})
 }
 
@@ -392,6 +412,7 @@ func TestRepairDoesNotOversell(t *testing.T) {
 		_, err := e.broker(e.cat, s).Allocate(t.Context(), req("default"))
 		require.Equal(t, held.Until.UnixMilli(), capacityError(t, err).FreeAt.UnixMilli())
 		require.Len(t, s.recorded(), 1, "a store that agrees with the catalog is not asked again")
+		require.Equal(t, int32(1), s.inspects.Load(), "nor read again: the ranking's read agrees with it")
 		require.Equal(t, 1, e.live(t, "a"))
 	})
 
@@ -417,7 +438,7 @@ func TestRepairDoesNotOversell(t *testing.T) {
 		e := newEnv(t)
 		_, err := e.cat.Put(t.Context(), key("a", "default", 1)) // never synced
 		require.NoError(t, err)
-		c := &flakyCatalog{SQL: e.cat, failGet: 1, getErr: fmt.Errorf("%w: %q", catalog.ErrNotFound, "a")}
+		c := &flakyCatalog{SQL: e.cat, failRead: 1, readErr: fmt.Errorf("%w: %q", catalog.ErrNotFound, "a")}
 		_, err = e.broker(c, e.store).Allocate(t.Context(), req("default"))
 		require.ErrorIs(t, err, broker.ErrPolicy)
 		require.False(t, e.info(t, "a").Exists)
@@ -450,6 +471,12 @@ func TestConfirmGivesBack(t *testing.T) {
 			require.NoError(t, err)
 		}, func(t *testing.T, in optimistic.KeyInfo) {
 			require.Equal(t, optimistic.StatusRateLimited, in.Status)
+		}},
+		{"quarantined", func(t *testing.T, e *env, id string) {
+			_, err := e.cat.Quarantine(t.Context(), id, time.Now().Add(time.Hour), time.Now())
+			require.NoError(t, err)
+		}, func(t *testing.T, in optimistic.KeyInfo) {
+			require.Equal(t, optimistic.StatusCooldown, in.Status, "held back in the store too")
 		}},
 		{"moved to another pool", func(t *testing.T, e *env, id string) {
 			k := e.get(t, id)
@@ -536,6 +563,45 @@ func TestConfirmGivesBack(t *testing.T) {
 		require.True(t, full.FreeAt.Equal(until), "FreeAt %v, cooldown ends %v", full.FreeAt, until)
 		require.Zero(t, e.live(t, "a"))
 	})
+
+	// So does a key quarantined meanwhile (another instance found the
+	// store lost it): full until the quarantine ends.
+	t.Run("the only key quarantined", func(t *testing.T) {
+		e := newEnv(t, key("a", "default", 1))
+		var until time.Time
+		s := &hookStore{Store: e.store, granted: func(l optimistic.Lease) {
+			k, err := e.cat.Quarantine(t.Context(), l.KeyID, time.Now().Add(time.Hour), time.Now())
+			require.NoError(t, err)
+			until = k.QuarantineUntil
+		}}
+		_, err := e.broker(e.cat, s).Allocate(t.Context(), req("default"))
+		require.NotErrorIs(t, err, broker.ErrPolicy)
+		full := capacityError(t, err)
+		require.True(t, full.FreeAt.Equal(until), "FreeAt %v, quarantine ends %v", full.FreeAt, until)
+		require.False(t, full.Held, "a quarantine's end is exact")
+		require.Zero(t, e.live(t, "a"))
+	})
+}
+
+// allocResult is what one Allocate answered.
+type allocResult struct {
+	g   broker.Grant
+	err error
+}
+
+// raceAllocate runs n Allocates of r on b at once and returns what each
+// answered, once all have.
+func raceAllocate(t *testing.T, b *broker.Broker, r broker.Request, n int) []allocResult {
+	t.Helper()
+	out := make([]allocResult, n)
+	var wg sync.WaitGroup
+	for i := range out {
+		wg.Go(func() {
+			out[i].g, out[i].err = b.Allocate(t.Context(), r)
+		})
+	}
+	wg.Wait()
+	return out
 }
 
 // TestConcurrentAllocate races callers on keys the store has never seen:
@@ -552,25 +618,9 @@ func TestConcurrentAllocate(t *testing.T) {
 	}
 	b := e.plain()
 
-	const callers = 12
-	type result struct {
-		g   broker.Grant
-		err error
-	}
-	results := make(chan result, callers)
-	var wg sync.WaitGroup
-	for range callers {
-		wg.Go(func() {
-			g, err := b.Allocate(t.Context(), req("default"))
-			results <- result{g, err}
-		})
-	}
-	wg.Wait()
-	close(results)
-
 	leases := map[string]bool{}
 	full := 0
-	for r := range results {
+	for _, r := range raceAllocate(t, b, req("default"), 12) {
 		var ce *optimistic.CapacityError
 		switch {
 		case r.err == nil:
@@ -670,24 +720,8 @@ func TestReplayConcurrent(t *testing.T) {
 	r := req("default")
 	r.RequestID = "r1"
 
-	const callers = 8
-	type result struct {
-		g   broker.Grant
-		err error
-	}
-	results := make(chan result, callers)
-	var wg sync.WaitGroup
-	for range callers {
-		wg.Go(func() {
-			g, err := b.Allocate(t.Context(), r)
-			results <- result{g, err}
-		})
-	}
-	wg.Wait()
-	close(results)
-
 	leases := map[string]bool{}
-	for res := range results {
+	for _, res := range raceAllocate(t, b, r, 8) {
 		if res.err != nil {
 			if !errors.Is(res.err, optimistic.ErrContended) {
 				require.ErrorIs(t, res.err, requestlog.ErrInFlight)
@@ -696,7 +730,7 @@ func TestReplayConcurrent(t *testing.T) {
 		}
 		leases[res.g.LeaseID] = true
 	}
-	require.LessOrEqual(t, len(leases), 1, "one id, one lease: %v", leases)
+	require.Len(t, leases, 1, "one id, one lease, the first claimer's: %v", leases)
 	require.Equal(t, len(leases), e.live(t, "a"))
 }
 
@@ -755,6 +789,30 @@ func TestRenew(t *testing.T) {
 		_, err := e.plain().Renew(t.Context(), optimistic.LeaseRef{Provider: provider, Pool: "default", KeyID: "a"}, time.Minute)
 		require.ErrorIs(t, err, optimistic.ErrInvalid)
 	})
+}
+
+// A heartbeat reads no secret: a key whose secret this process cannot
+// open (its sealing key rotated out too early, say) still renews. Only
+// handing the secret out needs it.
+func TestRenewReadsNoSecret(t *testing.T) {
+	e := newEnv(t, key("a", "default", 1))
+	sealer := func(b byte) *catalog.Sealer {
+		s, err := catalog.NewSealer(bytes.Repeat([]byte{b}, 32))
+		require.NoError(t, err)
+		return s
+	}
+	sealed, err := catalog.New(t.Context(), e.db, &catalog.Options{Sealer: sealer(1)})
+	require.NoError(t, err)
+	_, err = sealed.Put(t.Context(), key("a", "default", 1))
+	require.NoError(t, err)
+	g := allocate(t, e.broker(sealed, e.store), req("default"))
+
+	other, err := catalog.New(t.Context(), e.db, &catalog.Options{Sealer: sealer(2)})
+	require.NoError(t, err)
+	_, err = other.Get(t.Context(), "a")
+	require.Error(t, err, "the secret does not open here")
+	_, err = e.broker(other, e.store).Renew(t.Context(), g.LeaseRef, time.Minute)
+	require.NoError(t, err)
 }
 
 // status returns a change that sets key a's status and cooldown end in the

@@ -40,6 +40,7 @@ const (
 // env is a catalog and a lease store on one fresh SQLite file, and the
 // Admin that keeps them in step.
 type env struct {
+	db       *sqlitex.DB // the catalog's and the store's
 	cat      *catalog.SQL
 	store    *sqlitestore.Store
 	requests *requestlog.SQLite
@@ -62,7 +63,7 @@ func newEnv(t *testing.T, keys ...catalog.Key) *env {
 	requests, err := requestlog.NewSQLite(t.Context(), db)
 	require.NoError(t, err)
 	e := &env{
-		cat: cat, store: store, requests: requests, admin: broker.NewAdmin(cat, store, nil),
+		db: db, cat: cat, store: store, requests: requests, admin: broker.NewAdmin(cat, store, nil),
 		log: slog.New(slog.NewTextHandler(t.Output(), nil)),
 	}
 	for _, k := range keys {
@@ -148,14 +149,33 @@ type hookStore struct {
 	*sqlitestore.Store
 	fault   func(req optimistic.AllocateRequest) error
 	granted func(l optimistic.Lease)
-	// releaseDown makes Release fail as a store outage would while set;
-	// releaseHang makes it wait for its ctx first, as a hung store does.
-	releaseDown, releaseHang atomic.Bool
+	// releaseDown makes Release fail as a store outage would while set.
+	releaseDown atomic.Bool
+	// hung, once set (see hang), makes Release block.
+	hung atomic.Pointer[hung]
 	// afterHolds, if set, runs after each Holds.
 	afterHolds func()
+	// inspects counts Inspect calls.
+	inspects atomic.Int32
 
 	mu    sync.Mutex
 	calls []allocCall
+}
+
+// hung holds Releases until the test ends.
+type hung struct {
+	entered chan struct{} // one send per blocked Release, if there is room
+	until   chan struct{} // closed at the end of the test
+}
+
+// hang makes every Release from now on block until the test ends,
+// whatever its ctx, as a store that hangs and ignores deadlines would. The
+// channel returned receives when a Release blocks.
+func (s *hookStore) hang(t *testing.T) <-chan struct{} {
+	h := &hung{entered: make(chan struct{}, 1), until: make(chan struct{})}
+	s.hung.Store(h)
+	t.Cleanup(func() { close(h.until) })
+	return h.entered
 }
 
 func (s *hookStore) Holds(ctx context.Context, ref optimistic.LeaseRef) (time.Time, error) {
@@ -166,9 +186,18 @@ func (s *hookStore) Holds(ctx context.Context, ref optimistic.LeaseRef) (time.Ti
 	return until, err
 }
 
+func (s *hookStore) Inspect(ctx context.Context, ids ...string) ([]optimistic.KeyInfo, error) {
+	s.inspects.Add(1)
+	return s.Store.Inspect(ctx, ids...)
+}
+
 func (s *hookStore) Release(ctx context.Context, ref optimistic.LeaseRef) error {
-	if s.releaseHang.Load() {
-		<-ctx.Done()
+	if h := s.hung.Load(); h != nil {
+		select {
+		case h.entered <- struct{}{}:
+		default:
+		}
+		<-h.until
 	}
 	if s.releaseDown.Load() {
 		return optimistic.Classify(ctx, "release", errInjected)
@@ -204,14 +233,15 @@ func (s *hookStore) recorded() []allocCall {
 	return append([]allocCall(nil), s.calls...)
 }
 
-// flakyCatalog is the real catalog with faults: the failGet-th Get
-// (1-based, 0 never) answers getErr, List answers listErr if set,
-// MarkUsed runs markUsed first, if set, and answers its error if any, and
-// the first failReports Reports fail as a broken database would.
+// flakyCatalog is the real catalog with faults: the failRead-th read of
+// one key, by Get or Key (1-based, 0 never), answers readErr, List answers
+// listErr if set, MarkUsed runs markUsed first, if set, and answers its
+// error if any, and the first failReports Reports fail as a broken
+// database would.
 type flakyCatalog struct {
 	*catalog.SQL
-	failGet  int
-	getErr   error
+	failRead int
+	readErr  error
 	listErr  error
 	markUsed func(id string) error
 	// failReports is how many Reports to fail before the real ones.
@@ -219,19 +249,33 @@ type flakyCatalog struct {
 	// beforeQuarantine, if set, runs before each Quarantine.
 	beforeQuarantine func(id string)
 
-	mu   sync.Mutex
-	gets int
+	mu    sync.Mutex
+	reads int
+}
+
+// fault counts a read of one key and answers readErr if it is the one to fail.
+func (c *flakyCatalog) fault() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.reads++
+	if c.reads == c.failRead {
+		return c.readErr
+	}
+	return nil
 }
 
 func (c *flakyCatalog) Get(ctx context.Context, id string) (catalog.Key, error) {
-	c.mu.Lock()
-	c.gets++
-	n := c.gets
-	c.mu.Unlock()
-	if n == c.failGet {
-		return catalog.Key{}, c.getErr
+	if err := c.fault(); err != nil {
+		return catalog.Key{}, err
 	}
 	return c.SQL.Get(ctx, id)
+}
+
+func (c *flakyCatalog) Key(ctx context.Context, id string) (catalog.Key, error) {
+	if err := c.fault(); err != nil {
+		return catalog.Key{}, err
+	}
+	return c.SQL.Key(ctx, id)
 }
 
 func (c *flakyCatalog) List(ctx context.Context, provider, pool string) ([]catalog.Key, error) {
@@ -265,14 +309,20 @@ func (c *flakyCatalog) Quarantine(ctx context.Context, id string, until, now tim
 }
 
 // cancelingCatalog ends the request's context on the first Get, as a
-// caller hanging up mid-request does, then reads the real catalog with it.
+// caller hanging up mid-request does: before reading the real catalog
+// with it, or, with afterRead, once the read is done.
 type cancelingCatalog struct {
 	*catalog.SQL
-	cancel context.CancelFunc
+	cancel    context.CancelFunc
+	afterRead bool
 }
 
 func (c cancelingCatalog) Get(ctx context.Context, id string) (catalog.Key, error) {
-	c.cancel()
+	if c.afterRead {
+		defer c.cancel()
+	} else {
+		c.cancel()
+	}
 	return c.SQL.Get(ctx, id)
 }
 

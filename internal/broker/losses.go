@@ -41,10 +41,10 @@ type syncCatalog interface {
 }
 
 // syncer brings a key's state from the catalog into the store, and tells a
-// key the store lost from one it never had. The Broker and the Admin share
-// it.
-type syncer struct {
-	catalog  syncCatalog
+// key the store lost from one it never had. The Broker and the Admin embed
+// one over their own catalogs.
+type syncer[C syncCatalog] struct {
+	catalog  C
 	store    optimistic.LeaseStore
 	storeID  string // the store's name in the catalog's synced records
 	losses   *Losses
@@ -52,25 +52,21 @@ type syncer struct {
 	log      *slog.Logger
 }
 
+func newSyncer[C syncCatalog](c C, s optimistic.LeaseStore, o Options) syncer[C] {
+	return syncer[C]{catalog: c, store: s, storeID: o.StoreID, losses: o.Losses, maxLease: o.MaxLease, log: o.Logger}
+}
+
 // sync writes k, as the catalog has it, into the store, whose view of it is
-// in (read before k). If the store lacks a key it had (k.SyncedAt is set
-// for this store), it lost state: leases it forgot may still be in use for
-// up to maxLease, so the key is quarantined (held back until then, in the
-// catalog and so in the store) rather than handed out again at once. It
-// returns the key as synced and whether it was found lost. A key deleted
-// from the catalog meanwhile is catalog.ErrNotFound.
-func (s syncer) sync(ctx context.Context, k catalog.Key, in optimistic.KeyInfo) (catalog.Key, bool, error) {
+// in, read after k: another broker may have synced the key meanwhile, and
+// since it syncs before it marks the key synced, a store read after k sees
+// that sync. If the store lacks a key it had (k.SyncedAt is set for this
+// store), it lost state: leases it forgot may still be in use for up to
+// maxLease, so the key is quarantined (held back until then, in the catalog
+// and so in the store) rather than handed out again at once. It returns
+// the key as synced and whether it was found lost. A key deleted from the
+// catalog meanwhile is catalog.ErrNotFound.
+func (s syncer[C]) sync(ctx context.Context, k catalog.Key, in optimistic.KeyInfo) (catalog.Key, bool, error) {
 	lost := !in.Exists && !k.SyncedAt.IsZero() && k.SyncedStore == s.storeID
-	if lost {
-		// in may predate k: another broker may have synced the key since
-		// (it syncs before it marks the key synced, so a store read after k
-		// sees that sync). Only a store that still lacks it lost it.
-		infos, err := s.store.Inspect(ctx, k.ID)
-		if err != nil {
-			return k, false, err
-		}
-		lost = !infos[0].Exists
-	}
 	now := time.Now()
 	if lost {
 		q, err := s.catalog.Quarantine(ctx, k.ID, now.Add(s.maxLease), now)
@@ -99,19 +95,20 @@ func (s syncer) sync(ctx context.Context, k catalog.Key, in optimistic.KeyInfo) 
 	return k, false, nil
 }
 
-// resync is sync with a fresh read of the store: for a key changed in the
-// catalog (a report, a grant given back) that the store may have lost
-// since it was last read. A loss in the one round trip between that read
-// and the write goes unnoticed (the write recreates the key); closing it
-// would take a store write that never creates a key.
-func (s syncer) resync(ctx context.Context, k catalog.Key) error {
+// resync is sync with a fresh read of the store, for a key read from (or
+// just written to) the catalog. It returns the key as synced; a key
+// deleted from the catalog meanwhile is no error, and is returned as given.
+// A loss in the one round trip between that read and the write goes
+// unnoticed (the write recreates the key); closing it would take a store
+// write that never creates a key.
+func (s syncer[C]) resync(ctx context.Context, k catalog.Key) (catalog.Key, error) {
 	infos, err := s.store.Inspect(ctx, k.ID)
 	if err != nil {
-		return err
+		return k, err
 	}
-	_, _, err = s.sync(ctx, k, infos[0])
+	synced, _, err := s.sync(ctx, k, infos[0])
 	if errors.Is(err, catalog.ErrNotFound) {
-		return nil
+		return k, nil
 	}
-	return err
+	return synced, err
 }

@@ -1,7 +1,6 @@
 package broker_test
 
 import (
-	"errors"
 	"testing"
 	"time"
 
@@ -62,21 +61,27 @@ func TestLostKeyIsHeldBack(t *testing.T) {
 // key must not bring it back unnoticed: the key is held back.
 func TestReportAfterLossHoldsBack(t *testing.T) {
 	e := newEnv(t, key("a", "default", 2))
-	opts := &broker.Options{Requests: e.requests, Logger: e.log, MaxLease: time.Hour}
+	opts := &broker.Options{Requests: e.requests, Logger: e.log, MaxLease: time.Hour, Losses: broker.NewLosses()}
 	b := broker.New(e.cat, e.store, opts)
-	g1, g2 := allocate(t, b, req("default")), allocate(t, b, req("default"))
+	admin := broker.NewAdmin(e.cat, e.store, opts)
+	g := allocate(t, b, req("default"))
+	allocate(t, b, req("default")) // still in use when the store loses the key
 	s := &hookStore{Store: e.store}
-	bs := e.broker(e.cat, s)
+	bs := broker.New(e.cat, s, opts)
 	// The store loses the key after the report checked the lease and
 	// before it records the rate limit and updates the store.
 	s.afterHolds = func() { require.NoError(t, e.store.DeleteKey(t.Context(), "a")) }
-	_ = bs.Report(t.Context(), g1.LeaseRef, catalog.OutcomeRateLimited, time.Millisecond)
+	require.NoError(t, bs.Report(t.Context(), g.LeaseRef, catalog.OutcomeRateLimited, time.Millisecond))
 	s.afterHolds = nil
+	require.False(t, e.get(t, "a").QuarantineUntil.IsZero(), "held back while the other lease may still be in use")
+	l, err := admin.Losses(t.Context())
+	require.NoError(t, err)
+	require.Equal(t, int64(1), l.Total, "found by the report")
+	require.Equal(t, 1, l.Held)
+
 	time.Sleep(5 * time.Millisecond) // the rate limit's cooldown is over
-	_, err := b.Allocate(t.Context(), req("default"))
+	_, err = b.Allocate(t.Context(), req("default"))
 	capacityError(t, err)
-	require.False(t, e.get(t, "a").QuarantineUntil.IsZero(), "held back while g2 may still be in use")
-	_ = g2
 }
 
 // A key the store lacks because the service moved to another store is no
@@ -99,9 +104,11 @@ func TestLostKeyDeletedMeanwhile(t *testing.T) {
 	require.NoError(t, e.store.DeleteKey(t.Context(), "b"))
 	c.beforeQuarantine = func(id string) { _ = e.cat.Delete(t.Context(), id) }
 	_, err := b.Allocate(t.Context(), req("default"))
+	require.ErrorIs(t, err, broker.ErrPolicy, "no key left that frees up by itself")
 	require.NotErrorIs(t, err, catalog.ErrNotFound)
-	var full *optimistic.CapacityError
-	require.True(t, errors.As(err, &full) || errors.Is(err, broker.ErrPolicy), "%v", err)
+	for _, id := range []string{"a", "b"} {
+		require.False(t, e.info(t, id).Exists, "key %s is not written back", id)
+	}
 }
 
 // A key that never reached the store is no loss: the first sync grants at

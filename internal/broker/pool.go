@@ -10,9 +10,16 @@ import (
 	"github.com/credpool/credpool/optimistic"
 )
 
-// releaseTimeout bounds giving a slot back after the request's own context
-// ended: a slot left behind would stay taken until its lease expires.
+// releaseTimeout bounds clean-up after the request's own context ended
+// (giving a slot back, aligning the store): a slot left behind would stay
+// taken until its lease expires, a key left grantable would be granted.
 const releaseTimeout = 5 * time.Second
+
+// detach is ctx without its cancellation, bounded by releaseTimeout: for
+// clean-up that must happen even if the caller has gone.
+func detach(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+}
 
 // poolRun is one allocate request's pass over one pool.
 type poolRun struct {
@@ -21,17 +28,21 @@ type poolRun struct {
 	pool  string
 	model string
 	grant *Grant
-	// cooling is the earliest cooldown end of a key whose grant was given
-	// back because it started cooling meanwhile: it frees up by itself.
-	cooling time.Time
+	// wait is the soonest a key that serves the model but is held back (a
+	// cooldown, a quarantine, found at any step) frees up by itself.
+	wait optimistic.CapacityError
+}
+
+// heldBack notes a key held back until at (zero: not by itself).
+func (p *poolRun) heldBack(at time.Time) {
+	p.wait = sooner(p.wait, optimistic.CapacityError{FreeAt: at})
 }
 
 // candidates returns the pool's keys that serve the model and may take a
-// lease now, the earliest moment one of those that serve it but are held
-// back (a cooldown, a quarantine) frees up, and whether any key serves the
-// model at all. Passed cooldowns and quarantines are cleared in the
+// lease now, and whether any key serves the model at all; those held back
+// count in p.wait. Passed cooldowns and quarantines are cleared in the
 // catalog on the way.
-func (p *poolRun) candidates(ctx context.Context, keys []catalog.Key) (cands []catalog.Key, cooling time.Time, served bool) {
+func (p *poolRun) candidates(ctx context.Context, keys []catalog.Key) (cands []catalog.Key, served bool) {
 	now := time.Now()
 	for _, k := range keys {
 		if !k.Supports(p.model) {
@@ -39,7 +50,7 @@ func (p *poolRun) candidates(ctx context.Context, keys []catalog.Key) (cands []c
 		}
 		served = true
 		if !k.Usable(now) {
-			cooling = earliest(cooling, k.UsableAt())
+			p.heldBack(k.UsableAt())
 			continue
 		}
 		if k.Status != optimistic.StatusAvailable || !k.QuarantineUntil.IsZero() {
@@ -47,7 +58,7 @@ func (p *poolRun) candidates(ctx context.Context, keys []catalog.Key) (cands []c
 		}
 		cands = append(cands, k)
 	}
-	return cands, cooling, served
+	return cands, served
 }
 
 // recover marks a key whose cooldown has passed available again in the
@@ -73,15 +84,17 @@ func (p *poolRun) recover(ctx context.Context, k catalog.Key, now time.Time) cat
 
 // allocate ranks cands by live capacity and health and leases the first
 // with a slot. An empty first answer repairs the store where its view of a
-// candidate differs from the catalog's (it may have missed a change) and
-// asks once more. A grant the catalog no longer backs is given back and the
-// rest tried.
+// candidate differs from the catalog's (it may have missed a change),
+// flushes releases of the candidates that wait for the store, and asks
+// once more if either freed something. A grant the catalog no longer backs
+// is given back and the rest tried. A full answer leaves out p.wait: the
+// caller adds it.
 func (p *poolRun) allocate(ctx context.Context, cands []catalog.Key) error {
-	order, err := p.rank(ctx, cands)
+	order, infos, err := p.rank(ctx, cands)
 	if err != nil {
 		return err
 	}
-	repaired := false
+	retried := false
 	for len(order) > 0 {
 		lease, st, err := p.store.Allocate(ctx, optimistic.AllocateRequest{
 			Provider: p.req.Provider, Pool: p.pool, Candidates: order, TTL: p.req.TTL,
@@ -89,20 +102,18 @@ func (p *poolRun) allocate(ctx context.Context, cands []catalog.Key) error {
 		p.grant.Stats.Attempts += st.Attempts
 		p.grant.Stats.Conflicts += st.Conflicts
 		p.grant.Stats.Pruned += st.Pruned
-		if errors.Is(err, optimistic.ErrNoCapacity) && !repaired {
-			repaired = true
-			n, rerr := p.repair(ctx, cands)
+		if errors.Is(err, optimistic.ErrNoCapacity) && !retried {
+			retried = true
+			n, rerr := p.repair(ctx, cands, infos)
 			if rerr != nil {
 				return rerr
 			}
-			if n > 0 {
+			// Full perhaps only because releases waited for the store: if
+			// it takes them now, ask again.
+			flushed := p.backlog.stuck(ids(cands)...) > 0 && p.backlog.round(ctx, ids(cands)...)
+			if n > 0 || flushed {
 				continue
 			}
-		}
-		var full *optimistic.CapacityError
-		if errors.As(err, &full) {
-			wait := sooner(*full, optimistic.CapacityError{FreeAt: p.cooling})
-			return &wait
 		}
 		if err != nil {
 			return err
@@ -113,15 +124,15 @@ func (p *poolRun) allocate(ctx context.Context, cands []catalog.Key) error {
 		}
 		order = slices.DeleteFunc(order, func(id string) bool { return id == lease.KeyID })
 	}
-	return &optimistic.CapacityError{FreeAt: p.cooling}
+	return &optimistic.CapacityError{}
 }
 
 // rank orders cands best first, reading their live state from the store
-// in one round trip.
-func (p *poolRun) rank(ctx context.Context, cands []catalog.Key) ([]string, error) {
+// in one round trip; it returns that state too.
+func (p *poolRun) rank(ctx context.Context, cands []catalog.Key) ([]string, []optimistic.KeyInfo, error) {
 	infos, err := p.store.Inspect(ctx, ids(cands)...)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	rc := make([]Candidate, len(cands))
 	for i, k := range cands {
@@ -137,33 +148,49 @@ func (p *poolRun) rank(ctx context.Context, cands []catalog.Key) ([]string, erro
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.weights.Rank(rc, time.Now(), p.rng), nil
+	return p.weights.Rank(rc, time.Now(), p.rng), infos, nil
 }
 
 // repair syncs into the store every candidate whose store state differs
-// from the catalog, re-read from the catalog just before: the request's
-// own snapshot may be older than an admin's latest sync. A candidate the
-// store lost is quarantined instead (see syncer.sync). It returns how many
-// it synced and may now grant; none means the pool is really full.
-func (p *poolRun) repair(ctx context.Context, cands []catalog.Key) (int, error) {
-	// Read again: the store may have lost state since it was ranked.
-	infos, err := p.store.Inspect(ctx, ids(cands)...)
-	if err != nil {
-		return 0, err
+// from the catalog's, and returns how many it synced and may now grant;
+// none means the pool is really full. ranked is rank's read of the store:
+// it serves unless it says a candidate could grant, which the store has
+// just denied; then the store changed since and is read again. Each key
+// that differs is read again from the catalog (the request's snapshot may
+// be older than an admin's latest sync) and then from the store, in that
+// order, as syncer.sync needs; one the store lost is quarantined instead.
+func (p *poolRun) repair(ctx context.Context, cands []catalog.Key, ranked []optimistic.KeyInfo) (int, error) {
+	infos := ranked
+	if grantable(ranked, time.Now()) {
+		var err error
+		if infos, err = p.store.Inspect(ctx, ids(cands)...); err != nil {
+			return 0, err
+		}
 	}
-	n := 0
+	var stale []catalog.Key
 	for i, k := range cands {
 		if !differs(infos[i], k.LeaseState()) {
 			continue
 		}
-		fresh, err := p.catalog.Get(ctx, k.ID)
+		fresh, err := p.catalog.Key(ctx, k.ID)
 		if errors.Is(err, catalog.ErrNotFound) {
 			continue
 		}
 		if err != nil {
-			return n, catalogErr(ctx, "repair", err)
+			return 0, catalogErr(ctx, "repair", err)
 		}
-		synced, lost, err := p.sync(ctx, fresh, infos[i])
+		stale = append(stale, fresh)
+	}
+	if len(stale) == 0 {
+		return 0, nil
+	}
+	infos, err := p.store.Inspect(ctx, ids(stale)...)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for i, k := range stale {
+		synced, lost, err := p.sync(ctx, k, infos[i])
 		if errors.Is(err, catalog.ErrNotFound) {
 			continue
 		}
@@ -172,7 +199,7 @@ func (p *poolRun) repair(ctx context.Context, cands []catalog.Key) (int, error) 
 		}
 		if lost {
 			// Held back: frees up by itself once its quarantine ends.
-			p.cooling = earliest(p.cooling, synced.QuarantineUntil)
+			p.heldBack(synced.QuarantineUntil)
 			continue
 		}
 		n++
@@ -181,6 +208,18 @@ func (p *poolRun) repair(ctx context.Context, cands []catalog.Key) (int, error) 
 		p.log.InfoContext(ctx, "lease store repaired from the catalog", "provider", p.req.Provider, "pool", p.pool, "keys", n)
 	}
 	return n, nil
+}
+
+// grantable reports whether, by infos, some key could grant at now. FreeAt
+// is the store's clock and now this host's: skew only decides whether
+// repair reads the store again.
+func grantable(infos []optimistic.KeyInfo, now time.Time) bool {
+	for _, in := range infos {
+		if in.Exists && !in.FreeAt.IsZero() && !in.FreeAt.After(now) {
+			return true
+		}
+	}
+	return false
 }
 
 // differs reports whether the store's state of a key differs from the
@@ -209,9 +248,10 @@ func (p *poolRun) confirm(ctx context.Context, lease optimistic.Lease) (bool, er
 		reason = "moved to another provider or pool"
 	case !k.Usable(now):
 		reason = "status " + string(k.Status)
-		if k.Status == optimistic.StatusRateLimited || k.Status == optimistic.StatusCooldown {
-			p.cooling = earliest(p.cooling, k.CooldownUntil)
+		if k.QuarantineUntil.After(now) {
+			reason = "quarantined"
 		}
+		p.heldBack(k.UsableAt())
 	case !k.Supports(p.model):
 		reason = "no longer serves the model"
 	}
@@ -236,18 +276,21 @@ func (p *poolRun) confirm(ctx context.Context, lease optimistic.Lease) (bool, er
 // giveBack releases a lease the request will not use, even if the
 // request's context has ended.
 func (p *poolRun) giveBack(ctx context.Context, lease optimistic.Lease, reason string) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	ctx, cancel := detach(ctx)
 	defer cancel()
-	err := p.release(ctx, lease.LeaseRef)
+	err := p.Release(ctx, lease.LeaseRef)
 	p.log.InfoContext(ctx, "grant given back", "key_id", lease.KeyID, "lease_id", lease.LeaseID, "reason", reason, "release_err", err)
 }
 
 // align makes the store follow the catalog for a key it should not have
-// granted: gone from the catalog means gone from the store.
+// granted, even if the request's context has ended: gone from the catalog
+// means gone from the store.
 func (p *poolRun) align(ctx context.Context, id string, k catalog.Key, found bool) {
+	ctx, cancel := detach(ctx)
+	defer cancel()
 	var err error
 	if found {
-		err = p.resync(ctx, k)
+		_, err = p.resync(ctx, k)
 	} else {
 		err = p.store.DeleteKey(ctx, id)
 	}

@@ -4,10 +4,11 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"math/rand/v2"
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/cenkalti/backoff/v4"
 
 	"github.com/credpool/credpool/optimistic"
 )
@@ -44,22 +45,22 @@ type Backlog struct {
 type backlog struct {
 	store optimistic.LeaseStore
 	log   *slog.Logger
+	// turn holds a token while a round runs: one at a time, so no release
+	// is sent twice and counted twice.
+	turn chan struct{}
 
 	mu      sync.Mutex
-	pending map[string]optimistic.LeaseRef // by lease id
-	perKey  map[string]int                 // pending releases per key id
-	counts  Backlog
-	running bool          // a retry loop is running
-	done    chan struct{} // closed when that loop ends
-	closed  bool          // close was called
-	stop    chan struct{} // closed by close
+	pending map[string]map[string]optimistic.LeaseRef // by key id, then lease id
+	counts  Backlog                                   // Pending included
+	closed  bool
+	stop    context.CancelFunc // ends the retry loop; nil while none runs
+	done    chan struct{}      // closed when that loop has ended
 }
 
 func newBacklog(s optimistic.LeaseStore, log *slog.Logger) *backlog {
 	return &backlog{
-		store: s, log: log,
-		pending: map[string]optimistic.LeaseRef{}, perKey: map[string]int{},
-		stop: make(chan struct{}),
+		store: s, log: log, turn: make(chan struct{}, 1),
+		pending: map[string]map[string]optimistic.LeaseRef{},
 	}
 }
 
@@ -67,10 +68,10 @@ func newBacklog(s optimistic.LeaseStore, log *slog.Logger) *backlog {
 func (q *backlog) add(ref optimistic.LeaseRef) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if _, ok := q.pending[ref.LeaseID]; ok {
+	if _, ok := q.pending[ref.KeyID][ref.LeaseID]; ok {
 		return
 	}
-	if q.closed || len(q.pending) >= maxBacklog {
+	if q.closed || q.counts.Pending >= maxBacklog {
 		q.counts.Dropped++
 		why := "release backlog full"
 		if q.closed {
@@ -79,11 +80,15 @@ func (q *backlog) add(ref optimistic.LeaseRef) {
 		q.log.Warn(why+": the lease will expire by itself", "key_id", ref.KeyID, "lease_id", ref.LeaseID)
 		return
 	}
-	q.pending[ref.LeaseID] = ref
-	q.perKey[ref.KeyID]++
-	if !q.running {
-		q.running, q.done = true, make(chan struct{})
-		go q.loop(q.done)
+	if q.pending[ref.KeyID] == nil {
+		q.pending[ref.KeyID] = map[string]optimistic.LeaseRef{}
+	}
+	q.pending[ref.KeyID][ref.LeaseID] = ref
+	q.counts.Pending++
+	if q.stop == nil {
+		ctx, cancel := context.WithCancel(context.Background())
+		q.stop, q.done = cancel, make(chan struct{})
+		go q.loop(ctx, q.done)
 	}
 }
 
@@ -93,7 +98,7 @@ func (q *backlog) stuck(keyIDs ...string) int {
 	defer q.mu.Unlock()
 	n := 0
 	for _, id := range keyIDs {
-		n += q.perKey[id]
+		n += len(q.pending[id])
 	}
 	return n
 }
@@ -101,42 +106,37 @@ func (q *backlog) stuck(keyIDs ...string) int {
 func (q *backlog) stats() Backlog {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	c := q.counts
-	c.Pending = len(q.pending)
-	return c
+	return q.counts
 }
 
 // loop retries every pending release, pausing longer while the store keeps
-// failing, until none is left or Close.
-func (q *backlog) loop(done chan struct{}) {
+// failing, until none is left or close cancels ctx.
+func (q *backlog) loop(ctx context.Context, done chan struct{}) {
 	defer close(done)
-	// A round in progress ends with close, which makes its own last one.
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go func() {
-		select {
-		case <-q.stop:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
-	pause := minRetryPause
+	// Built here, not shared: an ExponentialBackOff is not safe for
+	// concurrent use. It never gives up: the loop ends when the backlog is
+	// empty or closed, and maxBacklog bounds it.
+	pauses := backoff.NewExponentialBackOff(
+		backoff.WithInitialInterval(minRetryPause),
+		backoff.WithMaxInterval(maxRetryPause),
+		backoff.WithMultiplier(2),
+		backoff.WithRandomizationFactor(0.5),
+		backoff.WithMaxElapsedTime(0),
+	)
 	for {
-		jittered := time.Duration(float64(pause) * (0.5 + rand.Float64()))
 		select {
-		case <-q.stop:
+		case <-ctx.Done():
 			return
-		case <-time.After(jittered):
+		case <-time.After(pauses.NextBackOff()):
 		}
 		if q.round(ctx) {
-			pause = minRetryPause
-		} else {
-			pause = min(2*pause, maxRetryPause)
+			pauses.Reset()
 		}
 		q.mu.Lock()
-		if len(q.pending) == 0 {
+		if q.counts.Pending == 0 {
 			// add starts a new loop for the next failure.
-			q.running = false
+			q.stop()
+			q.stop, q.done = nil, nil
 			q.mu.Unlock()
 			return
 		}
@@ -145,14 +145,29 @@ func (q *backlog) loop(done chan struct{}) {
 }
 
 // round tries the pending releases (of keyIDs only, if given) and reports
-// whether the store answered them all. It stops at the first failure: the
-// store is still down, and trying the rest would only keep the round (and
-// a shutdown, or a caller) waiting.
+// whether the store answered them all. While another round runs it reports
+// false at once: waiting would queue callers behind a store that may hang.
 func (q *backlog) round(ctx context.Context, keyIDs ...string) bool {
+	select {
+	case q.turn <- struct{}{}:
+	default:
+		return false
+	}
+	defer func() { <-q.turn }()
+	return q.retry(ctx, keyIDs)
+}
+
+// retry is one round; the caller holds the turn. It stops at the first
+// failure: the store is still down, and trying the rest would only keep
+// the round (and a shutdown, or a caller) waiting.
+func (q *backlog) retry(ctx context.Context, keyIDs []string) bool {
 	q.mu.Lock()
-	refs := make([]optimistic.LeaseRef, 0, len(q.pending))
-	for _, ref := range q.pending {
-		if len(keyIDs) == 0 || slices.Contains(keyIDs, ref.KeyID) {
+	var refs []optimistic.LeaseRef
+	for id, leases := range q.pending {
+		if len(keyIDs) > 0 && !slices.Contains(keyIDs, id) {
+			continue
+		}
+		for _, ref := range leases {
 			refs = append(refs, ref)
 		}
 	}
@@ -165,25 +180,35 @@ func (q *backlog) round(ctx context.Context, keyIDs ...string) bool {
 		if err != nil && !lost {
 			return false
 		}
-		q.mu.Lock()
-		delete(q.pending, ref.LeaseID)
-		if q.perKey[ref.KeyID]--; q.perKey[ref.KeyID] <= 0 {
-			delete(q.perKey, ref.KeyID)
-		}
-		if lost {
-			q.counts.Lost++
-		} else {
-			q.counts.Released++
-		}
-		q.mu.Unlock()
-		q.log.Info("release retried", "key_id", ref.KeyID, "lease_id", ref.LeaseID, "released", !lost)
+		q.settle(ref, lost)
 	}
 	return true
 }
 
-// close stops the loop (a round under way ends at once) and makes one last
-// round under ctx: a graceful shutdown gives back what the store takes,
-// within ctx.
+// settle takes a release the store answered off the backlog and counts it.
+func (q *backlog) settle(ref optimistic.LeaseRef, lost bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	leases := q.pending[ref.KeyID]
+	if _, ok := leases[ref.LeaseID]; !ok {
+		return
+	}
+	delete(leases, ref.LeaseID)
+	if len(leases) == 0 {
+		delete(q.pending, ref.KeyID)
+	}
+	q.counts.Pending--
+	if lost {
+		q.counts.Lost++
+	} else {
+		q.counts.Released++
+	}
+	q.log.Info("release retried", "key_id", ref.KeyID, "lease_id", ref.LeaseID, "released", !lost)
+}
+
+// close stops the loop and makes one last round under ctx: a graceful
+// shutdown gives back what the store takes, within ctx. It returns when
+// ctx ends, even if the store hangs a round.
 func (q *backlog) close(ctx context.Context) {
 	q.mu.Lock()
 	if q.closed {
@@ -191,11 +216,20 @@ func (q *backlog) close(ctx context.Context) {
 		return
 	}
 	q.closed = true
-	running, done := q.running, q.done
-	close(q.stop)
+	stop, done := q.stop, q.done
 	q.mu.Unlock()
-	if running {
-		<-done
+	if stop != nil {
+		stop() // a round under way ends with its releases' ctx
+		select {
+		case <-done:
+		case <-ctx.Done():
+			return
+		}
 	}
-	q.round(ctx)
+	select {
+	case q.turn <- struct{}{}:
+		defer func() { <-q.turn }()
+		q.retry(ctx, nil)
+	case <-ctx.Done():
+	}
 }

@@ -12,9 +12,14 @@ import (
 
 // Release gives a lease back (see optimistic.LeaseStore.Release). If the
 // store fails, the caller gets the error and the broker keeps retrying the
-// release in the background (see Backlog).
+// release in the background (see Backlog), so the slot returns as soon as
+// the store does.
 func (b *Broker) Release(ctx context.Context, ref optimistic.LeaseRef) error {
-	return b.release(ctx, ref)
+	err := b.store.Release(ctx, ref)
+	if err != nil && !errors.Is(err, optimistic.ErrLeaseLost) && !errors.Is(err, optimistic.ErrInvalid) {
+		b.backlog.add(ref)
+	}
+	return err
 }
 
 // Renew extends a lease, unless the catalog no longer backs its key
@@ -22,19 +27,22 @@ func (b *Broker) Release(ctx context.Context, ref optimistic.LeaseRef) error {
 // released and the holder gets optimistic.ErrLeaseLost and must stop. A
 // request id the lease answered keeps answering it until the new expiry.
 func (b *Broker) Renew(ctx context.Context, ref optimistic.LeaseRef, ttl time.Duration) (time.Time, error) {
-	until, _, err := b.renew(ctx, ref, ttl)
+	until, _, err := b.renew(ctx, ref, ttl, b.catalog.Key)
 	return until, err
 }
 
-// renew is Renew, returning the key as the catalog has it, secret included.
-func (b *Broker) renew(ctx context.Context, ref optimistic.LeaseRef, ttl time.Duration) (time.Time, catalog.Key, error) {
+// renew is Renew, returning the key as read reads it from the catalog:
+// Catalog.Key for a heartbeat, Catalog.Get where the secret is handed out.
+func (b *Broker) renew(ctx context.Context, ref optimistic.LeaseRef, ttl time.Duration,
+	read func(ctx context.Context, id string) (catalog.Key, error),
+) (time.Time, catalog.Key, error) {
 	if err := ref.Validate(); err != nil {
 		return time.Time{}, catalog.Key{}, err
 	}
-	if ttl > b.maxLease {
-		return time.Time{}, catalog.Key{}, fmt.Errorf("%w: lease ttl %v: want at most %v", optimistic.ErrInvalid, ttl, b.maxLease)
+	if err := b.checkTTL(ttl); err != nil {
+		return time.Time{}, catalog.Key{}, err
 	}
-	k, err := b.catalog.Get(ctx, ref.KeyID)
+	k, err := read(ctx, ref.KeyID)
 	switch {
 	case errors.Is(err, catalog.ErrNotFound):
 		return time.Time{}, k, b.revoke(ctx, ref, "key deleted")
@@ -64,7 +72,7 @@ func revoked(s optimistic.Status) bool {
 }
 
 func (b *Broker) revoke(ctx context.Context, ref optimistic.LeaseRef, why string) error {
-	if err := b.release(ctx, ref); err != nil && !errors.Is(err, optimistic.ErrLeaseLost) {
+	if err := b.Release(ctx, ref); err != nil && !errors.Is(err, optimistic.ErrLeaseLost) {
 		return err
 	}
 	return fmt.Errorf("%w: %s", optimistic.ErrLeaseLost, why)
@@ -97,11 +105,11 @@ func (b *Broker) Report(ctx context.Context, ref optimistic.LeaseRef, o catalog.
 	case err != nil:
 		return catalogErr(ctx, "report", err)
 	case o == catalog.OutcomeRateLimited || o == catalog.OutcomeAuthError:
-		if err := b.resync(ctx, k); err != nil {
+		if _, err := b.resync(ctx, k); err != nil {
 			return err
 		}
 	}
-	err = b.release(ctx, ref)
+	err = b.Release(ctx, ref)
 	if errors.Is(err, optimistic.ErrLeaseLost) && !errors.Is(err, optimistic.ErrLeaseMismatch) {
 		// It expired since the check: the outcome is recorded, the slot free.
 		return nil

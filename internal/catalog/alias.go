@@ -15,10 +15,10 @@ func (s *SQL) SetAlias(ctx context.Context, provider, alias, model string) error
 	if !optimistic.ValidID(provider) {
 		return invalidf("provider: want 1-128 characters of [A-Za-z0-9._-], starting with a letter or digit")
 	}
-	if err := checkModel("alias", alias); err != nil {
+	if err := CheckModel("alias", alias); err != nil {
 		return err
 	}
-	if err := checkModel("model", model); err != nil {
+	if err := CheckModel("model", model); err != nil {
 		return err
 	}
 	_, err := s.exec(ctx, `INSERT INTO catalog_model_aliases (provider, alias, model) VALUES (?, ?, ?)

@@ -2,43 +2,37 @@ package catalog_test
 
 import (
 	"database/sql"
-	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/credpool/credpool/internal/catalog"
 	"github.com/credpool/credpool/internal/sqlitex"
+	"github.com/credpool/credpool/internal/sqlitex/sqlitextest"
 	"github.com/credpool/credpool/optimistic"
 )
 
 // openDB opens the SQLite file at path the way the service does.
-func openDB(t *testing.T, path string) *sql.DB {
-	t.Helper()
-	db, err := sqlitex.Open(path)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = db.Close() })
-	return db
-}
+func openDB(t *testing.T, path string) *sqlitex.DB { return sqlitextest.Open(t, path) }
 
 // openers open a file the way the service does, and with plain deferred
 // BEGIN and no foreign keys, as a DSN without parameters does: the catalog
 // must work on both.
-var openers = map[string]func(t *testing.T, path string) *sql.DB{
+var openers = map[string]func(t *testing.T, path string) *sqlitex.DB{
 	"sqlitex.Open": openDB,
-	"plain": func(t *testing.T, path string) *sql.DB {
+	"plain": func(t *testing.T, path string) *sqlitex.DB {
 		t.Helper()
 		db, err := sql.Open("sqlite", path+"?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)")
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = db.Close() })
-		return db
+		return sqlitex.Wrap(db)
 	},
 }
 
 // newCatalog returns a catalog on a fresh temp file, and its database.
-func newCatalog(t *testing.T) (*catalog.SQL, *sql.DB) {
+func newCatalog(t *testing.T) (*catalog.SQL, *sqlitex.DB) {
 	t.Helper()
-	db := openDB(t, filepath.Join(t.TempDir(), "credpool.db"))
+	db := sqlitextest.Temp(t)
 	c, err := catalog.New(t.Context(), db, nil)
 	require.NoError(t, err)
 	return c, db

@@ -1,18 +1,18 @@
 package catalog_test
 
 import (
-	"database/sql"
 	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/credpool/credpool/internal/catalog"
+	"github.com/credpool/credpool/internal/sqlitex"
 )
 
 // versions returns how many schema steps are recorded, and how many
 // distinct ones.
-func versions(t *testing.T, db *sql.DB) (rows, distinct int) {
+func versions(t *testing.T, db *sqlitex.DB) (rows, distinct int) {
 	t.Helper()
 	require.NoError(t, db.QueryRowContext(t.Context(),
 		`SELECT COUNT(*), COUNT(DISTINCT version) FROM catalog_schema`).Scan(&rows, &distinct))
@@ -40,7 +40,7 @@ func TestNewConcurrent(t *testing.T) {
 	for name, open := range openers {
 		t.Run(name, func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "credpool.db")
-			dbs := []*sql.DB{open(t, path), open(t, path)}
+			dbs := []*sqlitex.DB{open(t, path), open(t, path)}
 			const starts = 16
 			errs := make(chan error, starts)
 			for i := range starts {

@@ -85,12 +85,14 @@ func TestSecretsSealedAtRest(t *testing.T) {
 	rotated, err := catalog.New(t.Context(), db, &catalog.Options{Sealer: sealer(t, newKey, oldKey)})
 	require.NoError(t, err)
 	require.Equal(t, secret, get(t, rotated, "k1").Secret.Reveal())
-	n, err := rotated.Rekey(t.Context())
+	n, skipped, err := rotated.Rekey(t.Context())
 	require.NoError(t, err)
 	require.Equal(t, 2, n, "k1 and the plaintext one")
-	n, err = rotated.Rekey(t.Context())
+	require.Empty(t, skipped)
+	n, skipped, err = rotated.Rekey(t.Context())
 	require.NoError(t, err)
 	require.Zero(t, n, "nothing left to seal")
+	require.Empty(t, skipped)
 
 	onlyNew, err := catalog.New(t.Context(), db, &catalog.Options{Sealer: sealer(t, newKey)})
 	require.NoError(t, err)
@@ -101,14 +103,62 @@ func TestSecretsSealedAtRest(t *testing.T) {
 	require.ErrorIs(t, err, optimistic.ErrStore, "a key that cannot open it is a store failure")
 	require.NotContains(t, err.Error(), secret)
 
+	// While db is open the WAL stays, as it does in a running service:
+	// Rekey must have emptied it of the plaintext it appended earlier.
+	wal, err := os.ReadFile(path + "-wal")
+	require.NoError(t, err)
 	require.NoError(t, db.Close())
 	raw, err := os.ReadFile(path)
 	require.NoError(t, err)
-	wal, _ := os.ReadFile(path + "-wal")
 	for _, s := range []string{secret, "sk-legacy-plaintext"} {
 		require.False(t, bytes.Contains(raw, []byte(s)), "plaintext secret %q in the database file", s)
 		require.False(t, bytes.Contains(wal, []byte(s)), "plaintext secret %q in the WAL", s)
 	}
+}
+
+// A secret Rekey cannot open does not stop it, nor the service that calls
+// it at start: it seals the others, leaves that one as it is and names its
+// key. Get then fails on that key only.
+func TestRekeySkipsWhatItCannotOpen(t *testing.T) {
+	plain, db := newCatalog(t)
+	oldKey, droppedKey, newKey := key32(1), key32(9), key32(2)
+	withOld, err := catalog.New(t.Context(), db, &catalog.Options{Sealer: sealer(t, oldKey)})
+	require.NoError(t, err)
+	withDropped, err := catalog.New(t.Context(), db, &catalog.Options{Sealer: sealer(t, droppedKey)})
+	require.NoError(t, err)
+	put(t, plain, testKey("a-plain"))
+	put(t, withOld, testKey("b-old"))
+	put(t, withDropped, testKey("c-dropped"))
+	put(t, withOld, testKey("d-tampered"))
+	looksSealed := testKey("e-looks-sealed")
+	looksSealed.Secret = "v1:not-a-sealed-secret"
+	put(t, plain, looksSealed)
+	put(t, withOld, testKey("f-old"))
+	_, err = db.ExecContext(t.Context(), `UPDATE catalog_keys SET secret = (SELECT secret FROM catalog_keys WHERE id = 'b-old') WHERE id = 'd-tampered'`)
+	require.NoError(t, err)
+
+	rotated, err := catalog.New(t.Context(), db, &catalog.Options{Sealer: sealer(t, newKey, oldKey)})
+	require.NoError(t, err)
+	n, skipped, err := rotated.Rekey(t.Context())
+	require.NoError(t, err)
+	require.Equal(t, 3, n, "the plaintext one and the two sealed with the old key")
+	require.Equal(t, []string{"c-dropped", "d-tampered", "e-looks-sealed"}, skipped)
+
+	onlyNew, err := catalog.New(t.Context(), db, &catalog.Options{Sealer: sealer(t, newKey)})
+	require.NoError(t, err)
+	for _, id := range []string{"a-plain", "b-old", "f-old"} {
+		require.Equal(t, secret, get(t, onlyNew, id).Secret.Reveal(), id)
+	}
+	for _, id := range skipped {
+		_, err := onlyNew.Get(t.Context(), id)
+		require.ErrorIs(t, err, optimistic.ErrStore, id)
+	}
+	require.Equal(t, secret, get(t, withDropped, "c-dropped").Secret.Reveal(), "left as it was")
+
+	n, again, err := onlyNew.Rekey(t.Context())
+	require.NoError(t, err)
+	require.Zero(t, n)
+	require.Equal(t, skipped, again)
 }
 
 // A sealed secret is bound to its key: moved to another row, it does not

@@ -19,9 +19,9 @@ import (
 // The SQL is written for SQLite (the embedded default, e.g. the file
 // sqlitex.Open returns, in WAL mode with a busy_timeout) and kept close to
 // PostgreSQL. SQLite-specific: the ? placeholders (PostgreSQL wants $n),
-// the migration runner and the busy check (internal/sqlitex). Write
-// transactions start with a write so that SQLite takes its write lock up
-// front.
+// the migration runner, the write gate and the busy check
+// (internal/sqlitex). Write transactions start with a write so that SQLite
+// takes its write lock up front.
 //
 // Errors: ErrNotFound for a missing key, optimistic.ErrInvalid (naming the
 // field) for a rejected argument, optimistic.ErrContended when the database
@@ -29,10 +29,8 @@ import (
 // database failure, and the context's error when ctx ends first. None
 // carries a secret.
 type SQL struct {
-	db     *sql.DB
+	db     *sqlitex.DB
 	sealer *Sealer
-	// writing holds a token while this catalog writes (see write).
-	writing chan struct{}
 }
 
 // Options configure a catalog. A nil *Options means all defaults.
@@ -49,14 +47,16 @@ type Options struct {
 // version (tables catalog_schema, catalog_keys, catalog_key_models,
 // catalog_model_aliases). Migrating is idempotent and safe when several
 // processes start at once; a failed migration leaves the previous version.
-func New(ctx context.Context, db *sql.DB, opts *Options) (*SQL, error) {
+// Its writes queue on db's write gate, with those of every other user of
+// db in this process.
+func New(ctx context.Context, db *sqlitex.DB, opts *Options) (*SQL, error) {
 	if db == nil {
 		return nil, errors.New("catalog: nil database")
 	}
-	if err := sqlitex.Migrate(ctx, db, schema, busyPolicy); err != nil {
+	if err := sqlitex.Migrate(ctx, db.DB, schema, busyPolicy); err != nil {
 		return nil, fail(ctx, "open", err)
 	}
-	s := &SQL{db: db, writing: make(chan struct{}, 1)}
+	s := &SQL{db: db}
 	if opts != nil {
 		s.sealer = opts.Sealer
 	}
@@ -156,61 +156,87 @@ func (s *SQL) Get(ctx context.Context, id string) (Key, error) {
 	return k, nil
 }
 
+// Key returns the key without its secret, or ErrNotFound: Get for callers
+// that only check a key's state, so the secret is neither read nor opened.
+func (s *SQL) Key(ctx context.Context, id string) (Key, error) {
+	k, err := getKey(ctx, s.db, id, false)
+	if err != nil {
+		return Key{}, fail(ctx, fmt.Sprintf("get key %q", id), err)
+	}
+	return k, nil
+}
+
 // Rekey seals with the Sealer's current key every secret that is not
 // sealed with it yet: plaintext ones written before sealing, and ones
 // sealed with a key being rotated out. It is one transaction and returns
-// how many it sealed. See the README for rotating keys across processes.
-func (s *SQL) Rekey(ctx context.Context) (int, error) {
+// how many it sealed. A secret it cannot open (sealed with a key the Sealer
+// no longer has, tampered with, or plaintext that looks sealed) is left as
+// it is, and its key's id is returned in skipped, in id order: Get keeps
+// failing on that key alone. See the README for rotating keys across
+// processes.
+func (s *SQL) Rekey(ctx context.Context) (sealed int, skipped []string, err error) {
 	if s.sealer == nil {
-		return 0, errors.New("catalog: rekey: no sealer")
+		return 0, nil, errors.New("catalog: rekey: no sealer")
 	}
-	var n int
-	err := s.inTx(ctx, "rekey secrets", func(tx *sql.Tx) error {
-		n = 0
+	err = s.inTx(ctx, "rekey secrets", func(tx *sql.Tx) error {
+		sealed, skipped = 0, nil
 		// A write first: SQLite takes its write lock up front.
 		if _, err := tx.ExecContext(ctx, `UPDATE catalog_keys SET secret = secret WHERE 0`); err != nil {
 			return err
 		}
-		rows, err := tx.QueryContext(ctx, `SELECT id, secret FROM catalog_keys`)
+		stale, err := s.stale(ctx, tx)
 		if err != nil {
 			return err
 		}
-		stale := map[string]string{}
-		for rows.Next() {
-			var id, stored string
-			if err := rows.Scan(&id, &stored); err != nil {
-				_ = rows.Close()
-				return err
+		for _, row := range stale {
+			plain, err := s.sealer.open(row.id, row.secret)
+			if err != nil {
+				skipped = append(skipped, row.id)
+				continue
 			}
-			if !s.sealer.fresh(stored) {
-				stale[id] = stored
-			}
-		}
-		if err := errors.Join(rows.Err(), rows.Close()); err != nil {
-			return err
-		}
-		for id, stored := range stale {
-			plain, err := s.sealer.open(id, stored)
+			resealed, err := s.sealer.seal(row.id, plain)
 			if err != nil {
 				return err
 			}
-			sealed, err := s.sealer.seal(id, plain)
-			if err != nil {
+			if _, err := tx.ExecContext(ctx, `UPDATE catalog_keys SET secret = ? WHERE id = ?`, resealed, row.id); err != nil {
 				return err
 			}
-			if _, err := tx.ExecContext(ctx, `UPDATE catalog_keys SET secret = ? WHERE id = ?`, sealed, id); err != nil {
-				return err
-			}
-			n++
+			sealed++
 		}
 		return nil
 	})
-	if err == nil && n > 0 {
+	if err != nil {
+		return 0, nil, err
+	}
+	if sealed > 0 {
 		// Best effort: move the rewritten pages into the file and empty the
 		// WAL, which still holds the old values (readers may keep it).
 		_, _ = s.db.ExecContext(ctx, `PRAGMA wal_checkpoint(TRUNCATE)`)
 	}
-	return n, err
+	return sealed, skipped, nil
+}
+
+// storedSecret is one row's secret as stored.
+type storedSecret struct{ id, secret string }
+
+// stale reads, in id order, the secrets not sealed with the current key.
+func (s *SQL) stale(ctx context.Context, tx *sql.Tx) ([]storedSecret, error) {
+	rows, err := tx.QueryContext(ctx, `SELECT id, secret FROM catalog_keys ORDER BY id`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []storedSecret
+	for rows.Next() {
+		var r storedSecret
+		if err := rows.Scan(&r.id, &r.secret); err != nil {
+			return nil, err
+		}
+		if !s.sealer.fresh(r.secret) {
+			out = append(out, r)
+		}
+	}
+	return out, rows.Err()
 }
 
 // List returns the keys of provider and pool, ordered by id; "" matches

@@ -2,6 +2,7 @@ package catalog_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"path/filepath"
 	"testing"
@@ -11,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/credpool/credpool/internal/catalog"
+	"github.com/credpool/credpool/internal/sqlitex"
 	"github.com/credpool/credpool/optimistic"
 )
 
@@ -222,5 +224,24 @@ func TestDatabaseFailures(t *testing.T) {
 	require.ErrorIs(t, c.Ping(t.Context()), optimistic.ErrStore)
 	_, err = c.Put(t.Context(), testKey("k1"))
 	require.ErrorIs(t, err, optimistic.ErrStore)
+	require.NotContains(t, err.Error(), secret)
+}
+
+// A write the database itself refuses (a read-only file here, so the
+// statement reaches SQLite) is a store failure, and its error does not
+// carry the secret it was given either.
+func TestDatabaseRefusesWrite(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "credpool.db")
+	_, err := catalog.New(t.Context(), openDB(t, path), nil)
+	require.NoError(t, err)
+	ro, err := sql.Open("sqlite", "file:"+path+"?mode=ro")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ro.Close() })
+	c, err := catalog.New(t.Context(), sqlitex.Wrap(ro), nil)
+	require.NoError(t, err, "a current schema is only read")
+
+	_, err = c.Put(t.Context(), testKey("k1"))
+	require.ErrorIs(t, err, optimistic.ErrStore)
+	require.ErrorContains(t, err, "readonly", "SQLite itself refused it")
 	require.NotContains(t, err.Error(), secret)
 }

@@ -21,7 +21,7 @@ func validate(k Key) error {
 		return invalidf("models of key %s: want at least one", k.ID)
 	}
 	for _, m := range k.Models {
-		if err := checkModel("model", m); err != nil {
+		if err := CheckModel("model", m); err != nil {
 			return fmt.Errorf("%w (key %s)", err, k.ID)
 		}
 	}
@@ -42,9 +42,10 @@ func validate(k Key) error {
 	return nil
 }
 
-// checkModel returns an optimistic.ErrInvalid unless s is 1..maxModelLen
-// bytes without spaces or control characters.
-func checkModel(field, s string) error {
+// CheckModel returns an optimistic.ErrInvalid naming field unless s is
+// 1..maxModelLen bytes without spaces or control characters: the rule for
+// model ids and aliases wherever one is accepted.
+func CheckModel(field, s string) error {
 	ok := s != "" && len(s) <= maxModelLen
 	for _, r := range s {
 		if unicode.IsSpace(r) || unicode.IsControl(r) || r == unicode.ReplacementChar {
