@@ -38,9 +38,17 @@ bench: redis-server build
 	./credpool bench -strategies optimistic,lua,sqlite -scenarios uniform,zipf,hot \
 		-workers 64 -limits 5 -procs 1 -rates 1000,4000 -duration 2s -out $(BENCH_OUT)/open
 
-## redis-server: the tests start their own servers; install the binary if missing
+## redis-server: the tests start their own servers; install the binary if missing.
+## A REDIS_SERVER that is set must name an executable (a path, or a name on PATH).
 redis-server:
-	@if [ -n "$$REDIS_SERVER" ] || command -v redis-server >/dev/null 2>&1; then exit 0; fi; \
+	@if [ -n "$$REDIS_SERVER" ]; then \
+		bin=$$(command -v "$$REDIS_SERVER" 2>/dev/null); \
+		if [ -n "$$bin" ] && [ -f "$$bin" ] && [ -x "$$bin" ]; then exit 0; fi; \
+		echo "REDIS_SERVER=$$REDIS_SERVER is not an executable redis-server."; \
+		echo "Point it at one, or unset it to use (or install) the one on PATH."; \
+		exit 1; \
+	fi; \
+	if command -v redis-server >/dev/null 2>&1; then exit 0; fi; \
 	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 		echo "redis-server missing: installing it with apt-get"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server; \

@@ -38,16 +38,22 @@ type Server struct {
 	exited  chan struct{}
 }
 
-// Binary returns the redis-server path: $REDIS_SERVER, else the one on PATH.
+// Binary returns the redis-server path: $REDIS_SERVER (a path, or a name
+// looked up on PATH), else the one on PATH. Either must be an executable
+// file, or the error says how to get one.
 func Binary() (string, error) {
 	if p := os.Getenv("REDIS_SERVER"); p != "" {
-		return p, nil
+		bin, err := exec.LookPath(p)
+		if err != nil {
+			return "", fmt.Errorf("REDIS_SERVER=%s is not an executable redis-server (%w): %s", p, err, InstallHint)
+		}
+		return bin, nil
 	}
-	p, err := exec.LookPath("redis-server")
+	bin, err := exec.LookPath("redis-server")
 	if err != nil {
 		return "", fmt.Errorf("redis-server not found on PATH: %s", InstallHint)
 	}
-	return p, nil
+	return bin, nil
 }
 
 // Run starts a server with its files in dir, in cluster mode owning all
@@ -59,14 +65,25 @@ func Run(dir string, cluster bool) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	return start(bin, dir, cluster, nil, nil)
+}
+
+// start launches a server on a free port and, if then is set, waits for it
+// too. A free port can be taken between probing and binding, so it tries a
+// few, stopping a server that failed.
+func start(bin, dir string, cluster bool, extra []string, then func(*Server) error) (*Server, error) {
 	var last error
-	// A free port can be taken between probing and binding; try a few.
 	for range 5 {
 		port, err := freePort()
 		if err != nil {
 			return nil, err
 		}
-		s, err := launch(bin, dir, port, cluster, nil)
+		s, err := launch(bin, dir, port, cluster, extra)
+		if err == nil && then != nil {
+			if err = then(s); err != nil {
+				s.Stop()
+			}
+		}
 		if err == nil {
 			return s, nil
 		}
@@ -132,11 +149,32 @@ func (s *Server) waitReady(dir string) error {
 		if err := rdb.Ping(ctx).Err(); err != nil {
 			continue
 		}
+		if err := s.ours(ctx, rdb); err != nil {
+			return err
+		}
 		if !s.Cluster {
 			return nil
 		}
 		return claimSlots(ctx, rdb)
 	}
+}
+
+// ours checks that the server answering on s's port is s's process, not
+// another one that held the port first (ours then fails to bind and exits).
+func (s *Server) ours(ctx context.Context, rdb *redis.Client) error {
+	info, err := rdb.Info(ctx, "server").Result()
+	if err != nil {
+		return fmt.Errorf("redis-server on %s: info: %w", s.Addr, err)
+	}
+	for line := range strings.Lines(info) {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "process_id:"); ok {
+			if v == strconv.Itoa(s.cmd.Process.Pid) {
+				return nil
+			}
+			return fmt.Errorf("%s is answered by another redis-server (pid %s), not the one started (pid %d)", s.Addr, v, s.cmd.Process.Pid)
+		}
+	}
+	return fmt.Errorf("redis-server on %s: info server has no process_id", s.Addr)
 }
 
 // claimSlots gives the single node every slot and waits for the cluster to
@@ -182,22 +220,7 @@ func RunReplica(dir, addr string) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	var last error
-	for range 5 {
-		p, err := freePort()
-		if err != nil {
-			return nil, err
-		}
-		s, err := launch(bin, dir, p, false, []string{"--replicaof", host, port})
-		if err == nil {
-			if err = s.waitSynced(); err == nil {
-				return s, nil
-			}
-			s.Stop()
-		}
-		last = err
-	}
-	return nil, last
+	return start(bin, dir, false, []string{"--replicaof", host, port}, (*Server).waitSynced)
 }
 
 // waitSynced waits until the replica's link to its master is up.

@@ -1,10 +1,15 @@
 // Package redisschema names the Redis keys and hash fields of DESIGN.md
-// ("Redis key schema"), shared by every Redis-backed lease store: the
-// WATCH/MULTI store in optimistic and the Lua baseline in bench/baseline.
-// A key synced or leased through one is seen the same way by the other.
+// ("Redis key schema"), shared by every Redis-backed lease store (the
+// WATCH/MULTI store in optimistic and the Lua baseline in bench/baseline)
+// and the request log beside them (internal/requestlog). A key synced or
+// leased through one store is seen the same way by the other.
 package redisschema
 
 import "strings"
+
+// DefaultPrefix starts every key name unless a store is given another
+// prefix. Stores, and the request log beside them, must agree on it.
+const DefaultPrefix = "credpool"
 
 // Schema names the Redis keys under one prefix. Every key of one
 // credential carries the hash tag {<key id>}, so each transaction touches
@@ -38,6 +43,13 @@ func (s Schema) Lease(keyID, leaseID string) string {
 // Request is the string that remembers which lease answered an allocate
 // request id.
 func (s Schema) Request(id string) string { return s.Prefix + ":req:{" + id + "}" }
+
+// RequestByLease is the string naming the allocate request id that a lease
+// answered, so that renewing the lease can find the request's record. It
+// hashes to the lease's slot, not the request's.
+func (s Schema) RequestByLease(leaseID string) string {
+	return s.Prefix + ":req-lease:{" + leaseID + "}"
+}
 
 // Field names of the key HASH and the lease record HASH. The Lua scripts
 // of bench/baseline spell the same names.

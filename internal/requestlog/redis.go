@@ -25,13 +25,18 @@ type Redis struct {
 	keys rs.Schema
 }
 
-// NewRedis returns the request log under prefix (the store's, "credpool"
-// by default).
-func NewRedis(rdb redis.UniversalClient, prefix string) *Redis {
-	return &Redis{rdb: rdb, keys: rs.Schema{Prefix: prefix}}
+// NewRedis returns the request log under prefix, which must be the
+// store's; "" means redisschema.DefaultPrefix. A prefix that could not
+// start a key name (one with braces) is refused.
+func NewRedis(rdb redis.UniversalClient, prefix string) (*Redis, error) {
+	if prefix == "" {
+		prefix = rs.DefaultPrefix
+	}
+	if !rs.ValidPrefix(prefix) {
+		return nil, fmt.Errorf("%w: request log prefix %q must not contain braces", optimistic.ErrInvalid, prefix)
+	}
+	return &Redis{rdb: rdb, keys: rs.Schema{Prefix: prefix}}, nil
 }
-
-func (r *Redis) byLease(leaseID string) string { return r.keys.Prefix + ":req-lease:{" + leaseID + "}" }
 
 // Claim reserves id for the caller holding token, for at least ttl, with
 // the request's parameters summed up in fingerprint. claimed is true if the
@@ -105,7 +110,7 @@ func (r *Redis) Record(ctx context.Context, id, token string, l optimistic.Lease
 	// Another slot on a cluster: not in the transaction. If it is lost,
 	// renewals cannot extend the record, which then ends with the lease's
 	// first expiry.
-	err = r.rdb.SetArgs(ctx, r.byLease(l.LeaseID), id, redis.SetArgs{ExpireAt: l.Until}).Err()
+	err = r.rdb.SetArgs(ctx, r.keys.RequestByLease(l.LeaseID), id, redis.SetArgs{ExpireAt: l.Until}).Err()
 	return optimistic.Classify(ctx, "record request", err)
 }
 
@@ -130,7 +135,7 @@ func (r *Redis) Forget(ctx context.Context, id, token string) error {
 // expiry, so a renewed lease stays the answer to its request id. A lease
 // that answered no id is nothing to extend.
 func (r *Redis) Extend(ctx context.Context, leaseID string, until time.Time) error {
-	index := r.byLease(leaseID)
+	index := r.keys.RequestByLease(leaseID)
 	id, err := r.rdb.Get(ctx, index).Result()
 	if errors.Is(err, redis.Nil) {
 		return nil

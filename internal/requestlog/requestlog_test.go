@@ -2,17 +2,17 @@ package requestlog_test
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
-	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	rs "github.com/credpool/credpool/internal/redisschema"
 	"github.com/credpool/credpool/internal/requestlog"
 	"github.com/credpool/credpool/internal/sqlitex"
+	"github.com/credpool/credpool/internal/sqlitex/sqlitextest"
 	"github.com/credpool/credpool/optimistic"
 	"github.com/credpool/credpool/test/redistest"
 )
@@ -30,21 +30,26 @@ var (
 	_ log = (*requestlog.SQLite)(nil)
 )
 
-func openSQLite(t *testing.T) (*requestlog.SQLite, *sql.DB) {
+func openSQLite(t *testing.T) (*requestlog.SQLite, *sqlitex.DB) {
 	t.Helper()
-	db, err := sqlitex.Open(filepath.Join(t.TempDir(), "x.db"))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = db.Close() })
+	db := sqlitextest.Temp(t)
 	l, err := requestlog.NewSQLite(t.Context(), db)
 	require.NoError(t, err)
 	return l, db
+}
+
+func newRedis(t *testing.T, rdb redis.UniversalClient) *requestlog.Redis {
+	t.Helper()
+	l, err := requestlog.NewRedis(rdb, rs.DefaultPrefix)
+	require.NoError(t, err)
+	return l
 }
 
 // each runs fn against a log in Redis and one in SQLite.
 func each(t *testing.T, fn func(t *testing.T, l log)) {
 	t.Run("redis", func(t *testing.T) {
 		t.Parallel()
-		fn(t, requestlog.NewRedis(redistest.Start(t).Client(t), "credpool"))
+		fn(t, newRedis(t, redistest.Start(t).Client(t)))
 	})
 	t.Run("sqlite", func(t *testing.T) {
 		t.Parallel()
@@ -100,13 +105,15 @@ func TestClaimRecordForget(t *testing.T) {
 }
 
 // A claim that outlived its window is gone: its holder's Record changes
-// nothing, and the id went to the next caller.
+// nothing, before anyone else claimed the id (on SQLite its dead row is
+// still there) and after the id went to the next caller.
 func TestExpiredClaimIsLost(t *testing.T) {
 	each(t, func(t *testing.T, l log) {
 		ctx := t.Context()
 		_, _, err := l.Claim(ctx, "r1", "tok-a", "f", time.Millisecond)
 		require.NoError(t, err)
 		time.Sleep(1100 * time.Millisecond) // claims last at least a second
+		require.ErrorIs(t, l.Record(ctx, "r1", "tok-a", lease("l0", time.Minute)), requestlog.ErrClaimLost, "expired, not reclaimed")
 		_, claimed, err := l.Claim(ctx, "r1", "tok-b", "f", time.Minute)
 		require.NoError(t, err)
 		require.True(t, claimed)
@@ -145,7 +152,7 @@ func TestLostClaimReplyIsOwnClaim(t *testing.T) {
 	proxy := redistest.NewProxy(t, srv.Addr)
 	rdb := redis.NewClient(&redis.Options{Addr: proxy.Addr, DialerRetries: 1})
 	t.Cleanup(func() { _ = rdb.Close() })
-	l := requestlog.NewRedis(rdb, "credpool")
+	l := newRedis(t, rdb)
 	proxy.CutNextReply("set")
 	_, claimed, err := l.Claim(t.Context(), "r1", "tok-a", "f", time.Minute)
 	require.NoError(t, err)
@@ -153,18 +160,26 @@ func TestLostClaimReplyIsOwnClaim(t *testing.T) {
 	require.Equal(t, 1, proxy.Cuts(), "the first reply was lost")
 }
 
+// withDeadRows returns a log on a fresh file holding n claims, dead-0 to
+// dead-<n-1>, that have expired and are not pruned yet.
+func withDeadRows(t *testing.T, n int) (*requestlog.SQLite, *sqlitex.DB) {
+	t.Helper()
+	l, db := openSQLite(t)
+	for i := range n {
+		_, _, err := l.Claim(t.Context(), fmt.Sprint("dead-", i), "tok", "f", time.Millisecond)
+		require.NoError(t, err)
+	}
+	time.Sleep(1100 * time.Millisecond) // claims last at least a second
+	return l, db
+}
+
 // A dead row not pruned yet answers nothing: an expired claim is free,
 // whatever its parameters, however many dead rows wait.
 func TestSQLiteDeadRowsDoNotAnswer(t *testing.T) {
-	l, _ := openSQLite(t)
-	ctx := t.Context()
+	t.Parallel()
+	l, _ := withDeadRows(t, 100)
 	for i := range 100 {
-		_, _, err := l.Claim(ctx, fmt.Sprint("dead-", i), "tok", "f", time.Millisecond)
-		require.NoError(t, err)
-	}
-	time.Sleep(1100 * time.Millisecond)
-	for i := range 100 {
-		_, claimed, err := l.Claim(ctx, fmt.Sprint("dead-", 99-i), "other", "other-f", time.Minute)
+		_, claimed, err := l.Claim(t.Context(), fmt.Sprint("dead-", 99-i), "other", "other-f", time.Minute)
 		require.NoError(t, err, "dead-%d", 99-i)
 		require.True(t, claimed)
 	}
@@ -172,18 +187,35 @@ func TestSQLiteDeadRowsDoNotAnswer(t *testing.T) {
 
 // Dead rows do not pile up: every claim prunes a batch.
 func TestSQLitePrunesDeadRows(t *testing.T) {
-	l, db := openSQLite(t)
-	ctx := t.Context()
-	for i := range 200 {
-		_, _, err := l.Claim(ctx, fmt.Sprint("dead-", i), "tok", "f", time.Millisecond)
-		require.NoError(t, err)
-	}
-	time.Sleep(1100 * time.Millisecond)
+	t.Parallel()
+	l, db := withDeadRows(t, 200)
 	for i := range 10 {
-		_, _, err := l.Claim(ctx, fmt.Sprint("live-", i), "tok", "f", time.Minute)
+		_, _, err := l.Claim(t.Context(), fmt.Sprint("live-", i), "tok", "f", time.Minute)
 		require.NoError(t, err)
 	}
 	var rows int
-	require.NoError(t, db.QueryRowContext(ctx, `SELECT COUNT(*) FROM request_log`).Scan(&rows))
+	require.NoError(t, db.QueryRowContext(t.Context(), `SELECT COUNT(*) FROM request_log`).Scan(&rows))
 	require.Equal(t, 10, rows, "200 dead rows pruned by 10 claims")
+}
+
+// The log in Redis lives under the store's prefix, "credpool" unless set:
+// a prefix that would break the key names' hash tags is refused.
+func TestRedisPrefix(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	for prefix, want := range map[string]string{"": rs.DefaultPrefix, "tenant-a": "tenant-a"} {
+		l, err := requestlog.NewRedis(rdb, prefix)
+		require.NoError(t, err)
+		_, _, err = l.Claim(t.Context(), "r-"+want, "tok", "f", time.Minute)
+		require.NoError(t, err)
+		require.NoError(t, l.Record(t.Context(), "r-"+want, "tok", lease("l-"+want, time.Minute)))
+		keys := rs.Schema{Prefix: want}
+		n, err := rdb.Exists(t.Context(), keys.Request("r-"+want), keys.RequestByLease("l-"+want)).Result()
+		require.NoError(t, err)
+		require.Equal(t, int64(2), n, "prefix %q", prefix)
+	}
+	for _, bad := range []string{"{credpool}", "a{b", "b}"} {
+		_, err := requestlog.NewRedis(rdb, bad)
+		require.ErrorIs(t, err, optimistic.ErrInvalid, bad)
+	}
 }

@@ -41,14 +41,15 @@ const pruneBatch = 64
 // safe for concurrent use, across processes sharing the file too. Its
 // clock is this host's.
 type SQLite struct {
-	db *sql.DB
+	db *sqlitex.DB
 }
 
-// NewSQLite returns the request log in db (opened with sqlitex.Open),
-// creating or upgrading its table under ctx.
-func NewSQLite(ctx context.Context, db *sql.DB) (*SQLite, error) {
-	if err := sqlitex.Migrate(ctx, db, schema, retry.Policy{}); err != nil {
-		return nil, fail(ctx, "open", err)
+// NewSQLite returns the request log in db, creating or upgrading its table
+// under ctx. Its writes queue on db's write gate, with those of the lease
+// store and the catalog sharing db.
+func NewSQLite(ctx context.Context, db *sqlitex.DB) (*SQLite, error) {
+	if err := sqlitex.Migrate(ctx, db.DB, schema, retry.Policy{}); err != nil {
+		return nil, sqlitex.Classify(ctx, "open", err)
 	}
 	return &SQLite{db: db}, nil
 }
@@ -60,7 +61,7 @@ func (s *SQLite) Claim(ctx context.Context, id, token, fingerprint string, ttl t
 		claimed bool
 		verdict error
 	)
-	err := s.write(ctx, func(tx *sql.Tx, now int64) error {
+	err := s.db.Write(ctx, retry.Policy{}, func(tx *sql.Tx, now int64) error {
 		if _, err := tx.ExecContext(ctx, `DELETE FROM request_log WHERE id IN
 			(SELECT id FROM request_log WHERE until <= ? LIMIT ?)`, now, pruneBatch); err != nil {
 			return err
@@ -93,21 +94,23 @@ func (s *SQLite) Claim(ctx context.Context, id, token, fingerprint string, ttl t
 		return nil
 	})
 	if err != nil {
-		return Entry{}, false, fail(ctx, "claim request", err)
+		return Entry{}, false, sqlitex.Classify(ctx, "claim request", err)
 	}
 	return e, claimed, verdict
 }
 
-// Record is Redis.Record on the file.
+// Record is Redis.Record on the file. A claim that expired is lost even
+// while its dead row waits to be pruned, as it is in Redis.
 func (s *SQLite) Record(ctx context.Context, id, token string, l optimistic.Lease) error {
 	raw, err := json.Marshal(l)
 	if err != nil {
 		return err
 	}
 	var n int64
-	err = s.write(ctx, func(tx *sql.Tx, _ int64) error {
-		res, err := tx.ExecContext(ctx, `UPDATE request_log SET lease = ?, lease_id = ?, until = ? WHERE id = ? AND token = ?`,
-			string(raw), l.LeaseID, l.Until.UnixMilli(), id, token)
+	err = s.db.Write(ctx, retry.Policy{}, func(tx *sql.Tx, now int64) error {
+		res, err := tx.ExecContext(ctx, `UPDATE request_log SET lease = ?, lease_id = ?, until = ?
+			WHERE id = ? AND token = ? AND until > ?`,
+			string(raw), l.LeaseID, l.Until.UnixMilli(), id, token, now)
 		if err != nil {
 			return err
 		}
@@ -116,7 +119,7 @@ func (s *SQLite) Record(ctx context.Context, id, token string, l optimistic.Leas
 	})
 	switch {
 	case err != nil:
-		return fail(ctx, "record request", err)
+		return sqlitex.Classify(ctx, "record request", err)
 	case n == 0:
 		return ErrClaimLost
 	}
@@ -125,11 +128,11 @@ func (s *SQLite) Record(ctx context.Context, id, token string, l optimistic.Leas
 
 // Forget is Redis.Forget on the file.
 func (s *SQLite) Forget(ctx context.Context, id, token string) error {
-	err := s.write(ctx, func(tx *sql.Tx, _ int64) error {
+	err := s.db.Write(ctx, retry.Policy{}, func(tx *sql.Tx, _ int64) error {
 		_, err := tx.ExecContext(ctx, `DELETE FROM request_log WHERE id = ? AND token = ?`, id, token)
 		return err
 	})
-	return fail(ctx, "forget request", err)
+	return sqlitex.Classify(ctx, "forget request", err)
 }
 
 // Extend is Redis.Extend on the file. Most leases answered no request id:
@@ -137,25 +140,11 @@ func (s *SQLite) Forget(ctx context.Context, id, token string) error {
 func (s *SQLite) Extend(ctx context.Context, leaseID string, until time.Time) error {
 	var n int
 	if err := s.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM request_log WHERE lease_id = ?`, leaseID).Scan(&n); err != nil || n == 0 {
-		return fail(ctx, "extend request", err)
+		return sqlitex.Classify(ctx, "extend request", err)
 	}
-	err := s.write(ctx, func(tx *sql.Tx, _ int64) error {
+	err := s.db.Write(ctx, retry.Policy{}, func(tx *sql.Tx, _ int64) error {
 		_, err := tx.ExecContext(ctx, `UPDATE request_log SET until = MAX(until, ?) WHERE lease_id = ?`, until.UnixMilli(), leaseID)
 		return err
 	})
-	return fail(ctx, "extend request", err)
-}
-
-// write runs fn in one write transaction (the write lock taken up front by
-// sqlitex.Open's IMMEDIATE), retrying while the file is busy; now is this
-// host's clock in ms. fn may run again, so it only assigns its results.
-func (s *SQLite) write(ctx context.Context, fn func(tx *sql.Tx, now int64) error) error {
-	return retry.Do(ctx, retry.Policy{}, sqlitex.Busy, func() error {
-		return sqlitex.InTx(ctx, s.db, nil, func(tx *sql.Tx) error { return fn(tx, time.Now().UnixMilli()) })
-	})
-}
-
-// fail classifies an error as the stores do.
-func fail(ctx context.Context, op string, err error) error {
-	return optimistic.Classify(ctx, op, sqlitex.Conflict(err))
+	return sqlitex.Classify(ctx, "extend request", err)
 }

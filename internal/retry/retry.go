@@ -11,8 +11,8 @@ import (
 	"github.com/cenkalti/backoff/v4"
 )
 
-// Policy bounds one call's retries. It is a value: copy it, set OnRetry for
-// the call, and pass it to Do. A zero field takes its default.
+// Policy bounds one call's retries. It is a value: copy it, set OnRetry or
+// OnTry for the call, and pass it to Do. A zero field takes its default.
 type Policy struct {
 	// MaxRetries bounds the pauses, so op runs at most MaxRetries+1 times.
 	//
@@ -39,6 +39,10 @@ type Policy struct {
 	// OnRetry, if set, is called before each pause with the error that
 	// caused it: the place to count conflicts.
 	OnRetry func(err error, pause time.Duration)
+
+	// OnTry, if set, is called after each try with its error, nil for a
+	// success: the place to count tries, including one that ctx cut short.
+	OnTry func(err error)
 }
 
 func (p Policy) withDefaults() Policy {
@@ -79,6 +83,9 @@ func Do(ctx context.Context, p Policy, again func(error) bool, op func() error) 
 	var last, cause error // op's last error, and its last retryable one
 	err := backoff.RetryNotify(func() error {
 		last = op()
+		if p.OnTry != nil {
+			p.OnTry(last)
+		}
 		if last == nil || again(last) {
 			if last != nil {
 				cause = last

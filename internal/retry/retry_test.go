@@ -38,11 +38,13 @@ func TestDo(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			tries, pauses := 0, 0
+			var seen []error
 			p := fast
 			p.OnRetry = func(err error, _ time.Duration) {
 				require.ErrorIs(t, err, errBusy)
 				pauses++
 			}
+			p.OnTry = func(err error) { seen = append(seen, err) }
 			err := retry.Do(t.Context(), p, busy, func() error {
 				tries++
 				return tt.results[min(tries, len(tt.results))-1]
@@ -54,6 +56,10 @@ func TestDo(t *testing.T) {
 			}
 			require.Equal(t, tt.tries, tries)
 			require.Equal(t, tt.tries-1, pauses, "one OnRetry per pause")
+			require.Len(t, seen, tt.tries, "one OnTry per try")
+			for i, err := range seen {
+				require.Equal(t, tt.results[min(i+1, len(tt.results))-1], err, "try %d", i+1)
+			}
 		})
 	}
 }

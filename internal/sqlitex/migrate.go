@@ -68,7 +68,7 @@ func upgrade(ctx context.Context, db *sql.DB, s Schema) error {
 	)`); err != nil {
 		return err
 	}
-	return InTx(ctx, db, nil, func(tx *sql.Tx) error { return apply(ctx, tx, s) })
+	return inTx(ctx, db, nil, func(tx *sql.Tx) error { return apply(ctx, tx, s) })
 }
 
 func apply(ctx context.Context, tx *sql.Tx, s Schema) error {
