@@ -3,6 +3,7 @@ package handlers
 import (
 	"context"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -77,45 +78,87 @@ func NewMetrics() *Metrics {
 
 // watchBacklog exports the broker's release backlog, read at each scrape.
 func (m *Metrics) watchBacklog(backlog func() broker.Backlog) {
-	m.reg.MustRegister(
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "credpool_release_backlog",
-			Help: "Releases that met a store failure and are retried in the background.",
-		}, func() float64 { return float64(backlog().Pending) }),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Name: "credpool_release_backlog_released_total",
-			Help: "Releases from the backlog that the store finally made.",
-		}, func() float64 { return float64(backlog().Released) }),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Name: "credpool_release_backlog_lost_total",
-			Help: "Releases from the backlog whose lease was already gone (expired).",
-		}, func() float64 { return float64(backlog().Lost) }),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Name: "credpool_release_backlog_dropped_total",
-			Help: "Failed releases not kept because the backlog was full: their leases expire by themselves.",
-		}, func() float64 { return float64(backlog().Dropped) }),
-	)
+	m.reg.MustRegister(&backlogCollector{
+		backlog: backlog,
+		pending: prometheus.NewDesc("credpool_release_backlog",
+			"Releases that met a store failure and are retried in the background.", nil, nil),
+		released: prometheus.NewDesc("credpool_release_backlog_released_total",
+			"Releases from the backlog that the store finally made.", nil, nil),
+		lost: prometheus.NewDesc("credpool_release_backlog_lost_total",
+			"Releases from the backlog whose lease was already gone (expired).", nil, nil),
+		dropped: prometheus.NewDesc("credpool_release_backlog_dropped_total",
+			"Failed releases not kept because the backlog was full: their leases expire by themselves.", nil, nil),
+	})
+}
+
+// backlogCollector reads the backlog once per scrape, so its four numbers
+// agree with each other. It is safe for concurrent use.
+type backlogCollector struct {
+	backlog                          func() broker.Backlog
+	pending, released, lost, dropped *prometheus.Desc
+}
+
+func (c *backlogCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.pending
+	ch <- c.released
+	ch <- c.lost
+	ch <- c.dropped
+}
+
+func (c *backlogCollector) Collect(ch chan<- prometheus.Metric) {
+	b := c.backlog()
+	ch <- prometheus.MustNewConstMetric(c.pending, prometheus.GaugeValue, float64(b.Pending))
+	ch <- prometheus.MustNewConstMetric(c.released, prometheus.CounterValue, float64(b.Released))
+	ch <- prometheus.MustNewConstMetric(c.lost, prometheus.CounterValue, float64(b.Lost))
+	ch <- prometheus.MustNewConstMetric(c.dropped, prometheus.CounterValue, float64(b.Dropped))
 }
 
 // watchLosses exports the keys the lease store lost, read at each scrape
 // (the catalog's count, bounded to a second).
 func (m *Metrics) watchLosses(report func(context.Context) (broker.LossReport, error)) {
-	losses := func() broker.LossReport {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		l, _ := report(ctx)
-		return l
+	m.reg.MustRegister(&lossCollector{
+		report: report,
+		held: prometheus.NewDesc("credpool_store_lost_keys_held",
+			"Keys whose state the lease store lost, held back until every lease it may have forgotten has ended; absent while the catalog cannot say.", nil, nil),
+		total: prometheus.NewDesc("credpool_store_lost_keys_total",
+			"Keys this process found missing from the lease store although it had them (a restart without persistence, a flush, a failover).", nil, nil),
+	})
+}
+
+// lossCollector reads the loss report once per scrape. A failed read
+// leaves held out (a 0 would say "all fine" just when nobody knows) and
+// the total at the highest value seen, so the counter never goes back. It
+// is safe for concurrent use.
+type lossCollector struct {
+	report      func(context.Context) (broker.LossReport, error)
+	held, total *prometheus.Desc
+	most        atomic.Int64 // the highest total reported so far
+}
+
+func (c *lossCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.held
+	ch <- c.total
+}
+
+func (c *lossCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	l, err := c.report(ctx)
+	total := c.raise(l.Total)
+	ch <- prometheus.MustNewConstMetric(c.total, prometheus.CounterValue, float64(total))
+	if err == nil {
+		ch <- prometheus.MustNewConstMetric(c.held, prometheus.GaugeValue, float64(l.Held))
 	}
-	m.reg.MustRegister(
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "credpool_store_lost_keys_held",
-			Help: "Keys whose state the lease store lost, held back until every lease it may have forgotten has ended.",
-		}, func() float64 { return float64(losses().Held) }),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Name: "credpool_store_lost_keys_total",
-			Help: "Keys this process found missing from the lease store although it had them (a restart without persistence, a flush, a failover).",
-		}, func() float64 { return float64(losses().Total) }),
-	)
+}
+
+// raise lifts the highest total seen to n if n is higher, and returns it.
+func (c *lossCollector) raise(n int64) int64 {
+	for {
+		most := c.most.Load()
+		if n <= most || c.most.CompareAndSwap(most, n) {
+			return max(most, n)
+		}
+	}
 }
 
 // Handler serves the metrics in the Prometheus text format.

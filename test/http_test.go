@@ -3,7 +3,6 @@ package test
 import (
 	"bytes"
 	"context"
-	"database/sql"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -18,14 +17,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
-	"github.com/credpool/credpool/handlers"
 	"github.com/credpool/credpool/internal/broker"
 	"github.com/credpool/credpool/internal/catalog"
-	"github.com/credpool/credpool/internal/requestlog"
-	"github.com/credpool/credpool/internal/sqlitestore"
+	"github.com/credpool/credpool/internal/server"
 	"github.com/credpool/credpool/internal/sqlitex"
 	"github.com/credpool/credpool/optimistic"
 	"github.com/credpool/credpool/test/redistest"
@@ -40,11 +36,10 @@ const (
 // a real lease store.
 type service struct {
 	url   string
-	db    *sql.DB           // the catalog's file (and the SQLite store's)
+	db    *sqlitex.DB       // the catalog's file (and the SQLite store's)
 	redis *redistest.Server // nil for the SQLite store
 	proxy *redistest.Proxy  // between the service and Redis, if proxied
 	cat   *catalog.SQL
-	store optimistic.LeaseStore
 	logs  *syncBuffer
 }
 
@@ -68,15 +63,13 @@ func (b *syncBuffer) String() string {
 // catalogHook lets a test act between the store's grant and the broker's
 // re-check of the catalog.
 type catalogHook struct {
-	*catalog.SQL
+	broker.Catalog
 	beforeGet func(id string)
 }
 
 func (c catalogHook) Get(ctx context.Context, id string) (catalog.Key, error) {
-	if c.beforeGet != nil {
-		c.beforeGet(id)
-	}
-	return c.SQL.Get(ctx, id)
+	c.beforeGet(id)
+	return c.Catalog.Get(ctx, id)
 }
 
 type serviceOptions struct {
@@ -105,9 +98,10 @@ func (contendedStore) Allocate(context.Context, optimistic.AllocateRequest) (opt
 	return optimistic.Lease{}, optimistic.Stats{Attempts: 11, Conflicts: 11}, fmt.Errorf("%w: allocate", optimistic.ErrContended)
 }
 
+// startService runs the service as serve assembles it (server.New), with
+// the test's hooks.
 func startService(t *testing.T, o serviceOptions) *service {
 	t.Helper()
-	ctx := context.Background()
 	if o.dir == "" {
 		o.dir = t.TempDir()
 	}
@@ -116,54 +110,32 @@ func startService(t *testing.T, o serviceOptions) *service {
 	t.Cleanup(func() { _ = db.Close() })
 	sealer, err := catalog.NewSealer(bytes.Repeat([]byte{7}, 32))
 	require.NoError(t, err)
-	cat, err := catalog.New(ctx, db, &catalog.Options{Sealer: sealer})
-	require.NoError(t, err)
-	s := &service{db: db, cat: cat, logs: &syncBuffer{}}
-	name := "sqlite"
-	var requests broker.RequestLog
-	if o.sqlite {
-		store, err := sqlitestore.New(context.Background(), db, nil)
-		require.NoError(t, err)
-		log, err := requestlog.NewSQLite(context.Background(), db)
-		require.NoError(t, err)
-		s.store, requests = store, log
-	} else {
-		name = "redis"
+	s := &service{db: db, logs: &syncBuffer{}}
+	cfg := server.Config{
+		DB: db, Sealer: sealer, MinReplicas: o.minReplicas, MaxLease: o.maxLease,
+		InternalKey: internalKey, AdminKey: adminKey, WrapLeases: o.wrap,
+		Logger: slog.New(slog.NewJSONHandler(s.logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+	}
+	if o.beforeGet != nil {
+		cfg.WrapCatalog = func(c broker.Catalog) broker.Catalog { return catalogHook{Catalog: c, beforeGet: o.beforeGet} }
+	}
+	if !o.sqlite {
 		s.redis = o.redis
 		if s.redis == nil {
 			s.redis = redistest.Start(t)
 		}
-		rdb := s.redis.Client(t)
+		addr := s.redis.Addr
 		if o.proxied {
 			s.proxy = redistest.NewProxy(t, s.redis.Addr)
-			c := redis.NewClient(&redis.Options{Addr: s.proxy.Addr, DialerRetries: 1, MaxRetries: 1})
-			t.Cleanup(func() { _ = c.Close() })
-			rdb = c
+			addr = s.proxy.Addr
 		}
-		store, err := optimistic.New(rdb, &optimistic.Options{MinReplicas: o.minReplicas})
-		require.NoError(t, err)
-		s.store, requests = store, requestlog.NewRedis(rdb, "credpool")
+		cfg.RedisURL = "redis://" + addr
 	}
-	log := slog.New(slog.NewJSONHandler(s.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	leases := s.store
-	if o.wrap != nil {
-		leases = o.wrap(leases)
-	}
-	opts := &broker.Options{Requests: requests, Logger: log, MaxLease: o.maxLease, Losses: broker.NewLosses()}
-	brk := broker.New(catalogHook{SQL: cat, beforeGet: o.beforeGet}, leases, opts)
-	t.Cleanup(func() { brk.Close(context.Background()) })
-	h, err := handlers.New(handlers.Config{
-		Service:     brk,
-		Admin:       broker.NewAdmin(cat, s.store, opts),
-		MaxLease:    o.maxLease,
-		InternalKey: internalKey,
-		AdminKey:    adminKey,
-		Store:       name,
-		Metrics:     handlers.NewMetrics(),
-		Logger:      log,
-	})
+	app, err := server.New(t.Context(), cfg)
 	require.NoError(t, err)
-	srv := httptest.NewServer(h)
+	t.Cleanup(func() { app.Close(context.Background()) })
+	s.cat = app.Catalog
+	srv := httptest.NewServer(app.Handler)
 	t.Cleanup(srv.Close)
 	s.url = srv.URL
 	return s
@@ -200,6 +172,25 @@ func (s *service) call(t *testing.T, method, path, header, key string, body any)
 	return resp.StatusCode, resp.Header, out
 }
 
+// metric reads one unlabelled metric from /metrics; false if absent.
+func (s *service) metric(t *testing.T, name string) (float64, bool) {
+	t.Helper()
+	resp, err := http.Get(s.url + "/metrics")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	for line := range strings.Lines(string(body)) {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), name+" "); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			require.NoError(t, err, line)
+			return f, true
+		}
+	}
+	return 0, false
+}
+
 // answer is one HTTP reply, or the error that prevented it.
 type answer struct {
 	code int
@@ -210,24 +201,13 @@ type answer struct {
 // allocateAll sends n allocate requests with body at once. The goroutines
 // only report: the test checks the answers.
 func (s *service) allocateAll(n int, body any) []answer {
-	raw, _ := json.Marshal(body)
 	answers := make([]answer, n)
 	var wg sync.WaitGroup
 	for i := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			req, _ := http.NewRequest(http.MethodPost, s.url+"/api/internal/allocate-key", bytes.NewReader(raw))
-			req.Header.Set("X-Internal-Key", internalKey)
-			resp, err := http.DefaultClient.Do(req)
-			if err != nil {
-				answers[i].err = err
-				return
-			}
-			defer resp.Body.Close()
-			answers[i].code = resp.StatusCode
-			answers[i].err = json.NewDecoder(resp.Body).Decode(&answers[i].body)
-		}()
+		wg.Go(func() {
+			a := &answers[i]
+			a.code, a.body, a.err = s.post("/api/internal/allocate-key", internalKey, body)
+		})
 	}
 	wg.Wait()
 	return answers
@@ -475,6 +455,28 @@ func TestHTTPCatalogDownIs503(t *testing.T) {
 	code, _, out = s.call(t, http.MethodGet, "/readyz", "", "", nil)
 	require.Equal(t, http.StatusServiceUnavailable, code)
 	require.Equal(t, "catalog_unavailable", out["error"])
+}
+
+// While the catalog is down nobody knows which keys are held back: the
+// metrics leave that out rather than say 0, and the count of keys found
+// lost stays where it was (a counter never goes back).
+func TestHTTPCatalogDownKeepsLossMetrics(t *testing.T) {
+	s := startService(t, serviceOptions{})
+	s.putKey(t, "k", "default", 1, nil)
+	require.NoError(t, s.redis.Client(t).FlushAll(t.Context()).Err())
+	code, _, out := s.internal(t, "allocate-key", allocBody("default"))
+	require.Equal(t, http.StatusTooManyRequests, code, "the lost key is held back: %v", out)
+	held, ok := s.metric(t, "credpool_store_lost_keys_held")
+	require.True(t, ok)
+	require.EqualValues(t, 1, held)
+	total, _ := s.metric(t, "credpool_store_lost_keys_total")
+	require.EqualValues(t, 1, total)
+
+	require.NoError(t, s.db.Close())
+	_, ok = s.metric(t, "credpool_store_lost_keys_held")
+	require.False(t, ok, "held back keys unknown, not 0")
+	total, _ = s.metric(t, "credpool_store_lost_keys_total")
+	require.EqualValues(t, 1, total, "the counter kept its value")
 }
 
 func TestHTTPPoolFallbackIsOneWay(t *testing.T) {

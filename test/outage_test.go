@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/credpool/credpool/internal/redisschema"
 	"github.com/credpool/credpool/test/redistest"
 )
 
@@ -52,6 +54,7 @@ func storeOutage(t *testing.T, s *service, fail, recover func()) {
 		code, _, out = s.internal(t, "allocate-key", allocBody("default"))
 		require.NotEqual(t, http.StatusTooManyRequests, code, "a broken store answered 429: %v", out)
 		require.Equal(t, http.StatusServiceUnavailable, code, "%v", out)
+		require.Equal(t, "store_unavailable", errCode(out))
 	}
 	recover()
 	waitFor(t, "granted again after the store came back", 20*time.Second, func() bool {
@@ -64,6 +67,45 @@ func storeOutage(t *testing.T, s *service, fail, recover func()) {
 func TestHTTPRedisOutageGivesSlotsBack(t *testing.T) {
 	s := startService(t, serviceOptions{proxied: true})
 	storeOutage(t, s, func() { s.proxy.SetDown(true) }, func() { s.proxy.SetDown(false) })
+}
+
+// Redis silent: the network drops packets and sends no reset, so only the
+// client's own timeouts notice. They must make it a store failure well
+// inside the request's deadline, not a 503 "timeout".
+func TestHTTPRedisBlackholeGivesSlotsBack(t *testing.T) {
+	s := startService(t, serviceOptions{proxied: true})
+	storeOutage(t, s, func() { s.proxy.SetBlackhole(true) }, func() { s.proxy.SetBlackhole(false) })
+}
+
+// Redis that answers reads but refuses writes (the service's address
+// moved to a read-only replica): the release fails and waits in the
+// backlog, so the limit-1 key looks full. An allocate must blame the store
+// (503), not the callers (429), and the slot returns once writes work.
+func TestHTTPRedisRefusingWritesIsNotFull(t *testing.T) {
+	master := redistest.Start(t)
+	replica := redistest.StartReplica(t, master.Addr)
+	s := startService(t, serviceOptions{redis: master, proxied: true})
+	s.putKey(t, "k", "default", 1, nil)
+	code, _, g := s.internal(t, "allocate-key", withField(allocBody("default"), "lease_seconds", 3600))
+	require.Equal(t, http.StatusOK, code, "%v", g)
+	acked, err := master.Client(t).Do(t.Context(), "wait", 1, 5000).Int()
+	require.NoError(t, err)
+	require.Equal(t, 1, acked, "the replica has the lease")
+
+	s.proxy.SetTarget(replica.Addr)
+	code, _, out := s.internal(t, "release", leaseBody(g))
+	require.Equal(t, http.StatusServiceUnavailable, code, "%v", out)
+	require.Equal(t, "store_unavailable", errCode(out))
+	code, _, out = s.internal(t, "allocate-key", allocBody("default"))
+	require.NotEqual(t, http.StatusTooManyRequests, code, "full only because the store refuses the release: %v", out)
+	require.Equal(t, http.StatusServiceUnavailable, code, "%v", out)
+	require.Equal(t, "store_unavailable", errCode(out))
+
+	s.proxy.SetTarget(master.Addr)
+	waitFor(t, "granted again once writes work", 20*time.Second, func() bool {
+		code, _, _ := s.internal(t, "allocate-key", allocBody("default"))
+		return code == http.StatusOK
+	})
 }
 
 // The SQLite file's disk full: releases cannot write, while an allocate on
@@ -226,11 +268,32 @@ func TestHTTPRedisLosesStateUnderLoad(t *testing.T) {
 	const maxLease = 2 * time.Second
 	s := startService(t, serviceOptions{maxLease: maxLease})
 	rdb := s.redis.Client(t)
+	var (
+		ready        map[string]any // /readyz during the flush's quarantine
+		held         int            // an allocate's status then
+		heldCode     string
+		retryAfter   string
+		retryAfterAt time.Time
+		lostKeys     float64
+		body         = withField(allocBody("default"), "lease_seconds", 2)
+	)
 	marks := audited(t, s, map[string]int{"k1": 1, "k2": 2, "k3": 2}, 2, func(mark func()) {
 		time.Sleep(1500 * time.Millisecond)
 		mark()
 		require.NoError(t, rdb.FlushAll(t.Context()).Err())
-		time.Sleep(4 * time.Second) // a 2s quarantine, with room to spare
+		flushed := time.Now()
+		// The callers' next allocate finds the keys lost: every one is held
+		// back, and the service says so, until the quarantine ends.
+		waitFor(t, "degraded after the flush", maxLease, func() bool {
+			_, _, ready = s.call(t, http.MethodGet, "/readyz", "", "", nil)
+			return ready["status"] == "degraded"
+		})
+		var h http.Header
+		var out map[string]any
+		held, h, out = s.internal(t, "allocate-key", body)
+		heldCode, retryAfter, retryAfterAt = errCode(out), h.Get("Retry-After"), time.Now()
+		lostKeys, _ = s.metric(t, "credpool_store_lost_keys_total")
+		time.Sleep(4*time.Second - time.Since(flushed)) // a 2s quarantine, with room to spare
 		mark()
 		s.redis = s.redis.Restart(t)
 		time.Sleep(4 * time.Second)
@@ -238,6 +301,17 @@ func TestHTTPRedisLosesStateUnderLoad(t *testing.T) {
 	require.Positive(t, marks[0], "grants before the flush")
 	require.Greater(t, marks[1], marks[0], "grants after the flush's quarantine")
 	require.Greater(t, marks[2], marks[1], "grants after the restart's quarantine")
+
+	lost, _ := ready["store_lost_keys"].(map[string]any)
+	require.GreaterOrEqual(t, lost["held"], float64(1), "/readyz: %v", ready)
+	until, err := time.Parse(time.RFC3339Nano, lost["until"].(string))
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, lostKeys, float64(1), "credpool_store_lost_keys_total")
+	require.Equal(t, http.StatusTooManyRequests, held, "an allocate while every key is held back")
+	require.Equal(t, "pool_exhausted", heldCode)
+	wait, err := strconv.Atoi(retryAfter)
+	require.NoError(t, err, "Retry-After %q", retryAfter)
+	require.InDelta(t, until.Sub(retryAfterAt).Seconds(), wait, 1, "Retry-After is the quarantine's end")
 }
 
 // A failover to a replica that missed the last writes: the replication
@@ -274,6 +348,9 @@ func failover(t *testing.T, acks int) int {
 	first, _, g := s.internal(t, "allocate-key", body)
 	if acks > 0 {
 		require.Equal(t, http.StatusServiceUnavailable, first, "an unreplicated grant is refused: %v", g)
+		live, err := rdb.ZCard(t.Context(), leasesKey("solo")).Result()
+		require.NoError(t, err)
+		require.Zero(t, live, "the refused grant was given back on the master")
 	}
 	master.Stop()
 	require.NoError(t, replica.Client(t).SlaveOf(t.Context(), "NO", "ONE").Err())
@@ -287,6 +364,57 @@ func failover(t *testing.T, acks int) int {
 		holders++
 	}
 	return holders
+}
+
+// A failover after a renewal the replica missed: with MinReplicas 1 the
+// renewal is refused (503), so its holder goes by the expiry it had, which
+// is what the promoted replica keeps.
+func TestHTTPFailoverRefusesUnacknowledgedRenewal(t *testing.T) {
+	code, granted, kept := renewalFailover(t, 1)
+	require.Equal(t, http.StatusServiceUnavailable, code, "an unreplicated renewal is refused")
+	require.Equal(t, granted.UnixMilli(), kept.UnixMilli(), "the promoted replica keeps the expiry the holder goes by")
+}
+
+// The control: without acknowledgements the renewal is answered 200 and
+// the promoted replica has never heard of it.
+func TestHTTPFailoverWithoutAcksLosesRenewal(t *testing.T) {
+	code, granted, kept := renewalFailover(t, 0)
+	require.Equal(t, http.StatusOK, code)
+	require.Equal(t, granted.UnixMilli(), kept.UnixMilli(), "the cut link lost the renewal")
+}
+
+// renewalFailover grants a lease, replicated; cuts the replication link;
+// renews the lease through the service (with the store's MinReplicas set
+// to acks); fails over to the replica. It returns the renewal's status,
+// the grant's expiry, and the expiry the promoted replica has.
+func renewalFailover(t *testing.T, acks int) (code int, granted, kept time.Time) {
+	master := redistest.Start(t)
+	link := redistest.NewProxy(t, master.Addr)
+	replica := redistest.StartReplica(t, link.Addr)
+	s := startService(t, serviceOptions{redis: master, proxied: true, minReplicas: acks, maxLease: 60 * time.Second})
+	s.putKey(t, "solo", "default", 1, nil)
+	code, _, g := s.internal(t, "allocate-key", withField(allocBody("default"), "lease_seconds", 10))
+	require.Equal(t, http.StatusOK, code, "%v", g)
+	acked, err := master.Client(t).Do(t.Context(), "wait", 1, 5000).Int()
+	require.NoError(t, err)
+	require.Equal(t, 1, acked, "the replica has the lease")
+	granted, err = time.Parse(time.RFC3339Nano, g["lease_until"].(string))
+	require.NoError(t, err)
+
+	link.SetDown(true)
+	code, _, r := s.internal(t, "renew", withField(leaseBody(g), "lease_seconds", 60))
+	require.Contains(t, []int{http.StatusOK, http.StatusServiceUnavailable}, code, "%v", r)
+	master.Stop()
+	rdb := replica.Client(t)
+	require.NoError(t, rdb.SlaveOf(t.Context(), "NO", "ONE").Err())
+	score, err := rdb.ZScore(t.Context(), leasesKey("solo"), g["lease_id"].(string)).Result()
+	require.NoError(t, err, "the promoted replica has the lease")
+	return code, granted, time.UnixMilli(int64(score))
+}
+
+// leasesKey is the Redis key of a credential's leases.
+func leasesKey(keyID string) string {
+	return redisschema.Schema{Prefix: redisschema.DefaultPrefix}.Leases(keyID)
 }
 
 // post sends body with the internal key and decodes the answer; unlike

@@ -3,7 +3,8 @@
 //	credpool serve [flags]   run the HTTP service
 //	credpool bench [flags]   compare the lease stores under contention
 //
-// Run "credpool serve -h" for the flags; each has an environment fallback.
+// Run "credpool serve -h" for the flags; each but --dev and --demo has an
+// environment fallback.
 // "credpool bench -h" lists the benchmark's.
 package main
 

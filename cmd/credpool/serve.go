@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"crypto/rand"
-	"database/sql"
 	"encoding/hex"
 	"errors"
 	"flag"
@@ -11,7 +10,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/url"
 	"os"
 	"os/signal"
 	"strconv"
@@ -19,13 +17,10 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/credpool/credpool/handlers"
 	"github.com/credpool/credpool/internal/broker"
 	"github.com/credpool/credpool/internal/catalog"
-	"github.com/credpool/credpool/internal/requestlog"
-	"github.com/credpool/credpool/internal/sqlitestore"
+	"github.com/credpool/credpool/internal/server"
 	"github.com/credpool/credpool/internal/sqlitex"
 	"github.com/credpool/credpool/optimistic"
 )
@@ -47,38 +42,44 @@ type serveConfig struct {
 	minReplicas  int
 }
 
-// envOr returns the environment variable name, or def when it is unset.
-func envOr(name, def string) string {
-	if v, ok := os.LookupEnv(name); ok {
-		return v
-	}
-	return def
+// serveEnv names each flag's environment fallback, applied before the
+// command line (which wins) and parsed as the flag is.
+var serveEnv = []struct{ flag, env string }{
+	{"listen", "CREDPOOL_LISTEN"},
+	{"redis", "CREDPOOL_REDIS_URL"},
+	{"redis-cluster", "CREDPOOL_REDIS_CLUSTER"},
+	{"db", "CREDPOOL_DB"},
+	{"internal-key", "CREDPOOL_INTERNAL_KEY"},
+	{"admin-key", "CREDPOOL_ADMIN_KEY"},
+	{"weights", "CREDPOOL_WEIGHTS"},
+	{"pool-fallback", "CREDPOOL_POOL_FALLBACK"},
+	{"read-timeout", "CREDPOOL_READ_TIMEOUT"},
+	{"idle-timeout", "CREDPOOL_IDLE_TIMEOUT"},
+	{"max-lease", "CREDPOOL_MAX_LEASE"},
+	{"redis-min-replicas", "CREDPOOL_REDIS_MIN_REPLICAS"},
 }
 
 func parseServe(args []string) (serveConfig, error) {
 	var c serveConfig
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-	fs.StringVar(&c.listen, "listen", envOr("CREDPOOL_LISTEN", "127.0.0.1:8080"), "address to listen on (env CREDPOOL_LISTEN)")
-	fs.StringVar(&c.redisURL, "redis", envOr("CREDPOOL_REDIS_URL", ""), "Redis URL, e.g. redis://127.0.0.1:6379/0; empty: leases live in the SQLite file (env CREDPOOL_REDIS_URL)")
-	fs.BoolVar(&c.redisCluster, "redis-cluster", envOr("CREDPOOL_REDIS_CLUSTER", "") == "true", "treat --redis as a cluster URL (redis://host:port?addr=host2:port2) (env CREDPOOL_REDIS_CLUSTER=true)")
-	fs.StringVar(&c.db, "db", envOr("CREDPOOL_DB", "credpool.db"), "SQLite file of the key catalog (env CREDPOOL_DB)")
-	fs.StringVar(&c.internalKey, "internal-key", envOr("CREDPOOL_INTERNAL_KEY", ""), "secret callers send as X-Internal-Key (env CREDPOOL_INTERNAL_KEY)")
-	fs.StringVar(&c.adminKey, "admin-key", envOr("CREDPOOL_ADMIN_KEY", ""), "secret admins send as X-Admin-Key (env CREDPOOL_ADMIN_KEY)")
-	fs.StringVar(&c.weights, "weights", envOr("CREDPOOL_WEIGHTS", ""), "ranking weights to override, e.g. capacity=1,idle=0.3,jitter=0.01 (env CREDPOOL_WEIGHTS)")
-	fs.StringVar(&c.fallback, "pool-fallback", envOr("CREDPOOL_POOL_FALLBACK", "vip=default"), "one-way pool borrowing, e.g. vip=default;gold=silver+default (env CREDPOOL_POOL_FALLBACK)")
+	fs.StringVar(&c.listen, "listen", "127.0.0.1:8080", "address to listen on (env CREDPOOL_LISTEN)")
+	fs.StringVar(&c.redisURL, "redis", "", "Redis URL, e.g. redis://127.0.0.1:6379/0; empty: leases live in the SQLite file (env CREDPOOL_REDIS_URL)")
+	fs.BoolVar(&c.redisCluster, "redis-cluster", false, "treat --redis as a cluster URL (redis://host:port?addr=host2:port2) (env CREDPOOL_REDIS_CLUSTER=true)")
+	fs.StringVar(&c.db, "db", "credpool.db", "SQLite file of the key catalog (env CREDPOOL_DB)")
+	fs.StringVar(&c.internalKey, "internal-key", "", "secret callers send as X-Internal-Key (env CREDPOOL_INTERNAL_KEY)")
+	fs.StringVar(&c.adminKey, "admin-key", "", "secret admins send as X-Admin-Key (env CREDPOOL_ADMIN_KEY)")
+	fs.StringVar(&c.weights, "weights", "", "ranking weights to override, e.g. capacity=1,idle=0.3,jitter=0.01 (env CREDPOOL_WEIGHTS)")
+	fs.StringVar(&c.fallback, "pool-fallback", "vip=default", "one-way pool borrowing, e.g. vip=default;gold=silver+default (env CREDPOOL_POOL_FALLBACK)")
 	fs.BoolVar(&c.dev, "dev", false, "development mode: generate missing internal/admin keys and print them once")
 	fs.BoolVar(&c.demo, "demo", false, "seed a small demo pool into an empty catalog (fake secrets)")
 	fs.DurationVar(&c.readTimeout, "read-timeout", 10*time.Second, "longest a client may take to send a whole request, body included (env CREDPOOL_READ_TIMEOUT)")
 	fs.DurationVar(&c.idleTimeout, "idle-timeout", 60*time.Second, "longest an idle keep-alive connection stays open (env CREDPOOL_IDLE_TIMEOUT)")
 	fs.DurationVar(&c.maxLease, "max-lease", broker.DefaultMaxLease, "longest lease granted or renewed to; also how long a key the lease store lost is held back (env CREDPOOL_MAX_LEASE)")
-	fs.IntVar(&c.minReplicas, "redis-min-replicas", 0, "replicas that must acknowledge a grant or renewal before it counts (WAIT); 0: none (env CREDPOOL_REDIS_MIN_REPLICAS)")
-	for flagName, env := range map[string]string{
-		"read-timeout": "CREDPOOL_READ_TIMEOUT", "idle-timeout": "CREDPOOL_IDLE_TIMEOUT", "max-lease": "CREDPOOL_MAX_LEASE",
-		"redis-min-replicas": "CREDPOOL_REDIS_MIN_REPLICAS",
-	} {
-		if v, ok := os.LookupEnv(env); ok {
-			if err := fs.Set(flagName, v); err != nil {
-				return c, fmt.Errorf("serve: %s: %w", env, err)
+	fs.IntVar(&c.minReplicas, "redis-min-replicas", 0, "replicas that must acknowledge a grant or renewal (WAIT); 0: none; needs --redis (env CREDPOOL_REDIS_MIN_REPLICAS)")
+	for _, e := range serveEnv {
+		if v, ok := os.LookupEnv(e.env); ok {
+			if err := fs.Set(e.flag, v); err != nil {
+				return c, fmt.Errorf("serve: %s (for --%s): %w", e.env, e.flag, err)
 			}
 		}
 	}
@@ -93,6 +94,9 @@ func parseServe(args []string) (serveConfig, error) {
 	}
 	if c.minReplicas < 0 {
 		return c, errors.New("serve: --redis-min-replicas must be 0 or more")
+	}
+	if c.minReplicas > 0 && c.redisURL == "" {
+		return c, errors.New("serve: --redis-min-replicas needs --redis: the SQLite store has no replicas")
 	}
 	if fs.NArg() > 0 {
 		return c, fmt.Errorf("serve: unexpected argument %q", fs.Arg(0))
@@ -133,62 +137,37 @@ func serve(args []string) error {
 	if err != nil {
 		return err
 	}
-	cat, err := catalog.New(ctx, db, &catalog.Options{Sealer: sealer})
-	if err != nil {
-		return err
-	}
-	// Secrets written in the clear, or sealed with a key being rotated out,
-	// are sealed with the current key now.
-	sealed, err := cat.Rekey(ctx)
-	if err != nil {
-		return fmt.Errorf("seal secrets with the current key: %w", err)
-	}
-	if sealed > 0 {
-		log.Info("secrets sealed with the current key", "count", sealed)
-	}
-	st, err := openStore(ctx, cfg, db)
-	if err != nil {
-		return err
-	}
-	defer st.close()
-	store, storeName := st.leases, st.name
-	opts := &broker.Options{
-		Weights: &weights, Pools: pools, Requests: st.requests, Logger: log,
-		MaxLease: cfg.maxLease, Losses: broker.NewLosses(), StoreID: st.id,
-	}
-	admin := broker.NewAdmin(cat, store, opts)
-	if cfg.demo {
-		if err := seedDemo(ctx, cat, admin); err != nil {
-			return err
-		}
-	}
-	n, err := admin.Sync(ctx)
-	if err != nil {
-		return fmt.Errorf("sync catalog into the %s lease store: %w", storeName, err)
-	}
-	log.Info("catalog synced into the lease store", "keys", n)
-
-	brk := broker.New(cat, store, opts)
-	h, err := handlers.New(handlers.Config{
-		Service:        brk,
-		Admin:          admin,
-		InternalKey:    cfg.internalKey,
-		AdminKey:       cfg.adminKey,
-		Store:          storeName,
-		Metrics:        handlers.NewMetrics(),
-		RequestTimeout: requestTimeout,
-		MaxLease:       cfg.maxLease,
-		Logger:         log,
+	app, err := server.New(ctx, server.Config{
+		DB: db, Sealer: sealer,
+		RedisURL: cfg.redisURL, RedisCluster: cfg.redisCluster, MinReplicas: cfg.minReplicas,
+		InternalKey: cfg.internalKey, AdminKey: cfg.adminKey,
+		Weights: &weights, Pools: pools, MaxLease: cfg.maxLease, RequestTimeout: requestTimeout,
+		Logger: log,
 	})
 	if err != nil {
 		return err
+	}
+	defer func() {
+		// Releases that met a store failure get one last try, with time of
+		// their own: draining may have used up all of its.
+		closing, cancel := context.WithTimeout(context.Background(), closeTimeout)
+		defer cancel()
+		app.Close(closing)
+		if b := app.Backlog(); b.Pending > 0 {
+			log.Warn("releases left to expire", "count", b.Pending)
+		}
+	}()
+	if cfg.demo {
+		if err := seedDemo(ctx, app.Catalog, app.Admin); err != nil {
+			return err
+		}
 	}
 	ln, err := net.Listen("tcp", cfg.listen)
 	if err != nil {
 		return err
 	}
-	srv := httpServer(h, cfg)
-	log.Info("credpool serving", "addr", ln.Addr().String(), "lease_store", storeName, "catalog", cfg.db)
+	srv := httpServer(app.Handler, cfg)
+	log.Info("credpool serving", "addr", ln.Addr().String(), "lease_store", app.StoreName, "catalog", cfg.db)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {
@@ -197,19 +176,20 @@ func serve(args []string) error {
 	case <-ctx.Done():
 	}
 	log.Info("shutting down: draining requests")
-	shutdown, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	shutdown, cancel := context.WithTimeout(context.Background(), drainTimeout)
 	defer cancel()
-	err = srv.Shutdown(shutdown)
-	// Releases that met a store failure get one last try.
-	brk.Close(shutdown)
-	if b := brk.Backlog(); b.Pending > 0 {
-		log.Warn("releases left to expire", "count", b.Pending)
-	}
-	return err
+	return srv.Shutdown(shutdown)
 }
 
 // requestTimeout bounds one request's work in the handlers (their default).
 const requestTimeout = 10 * time.Second
+
+// At shutdown, drainTimeout bounds waiting for requests in flight, then
+// closeTimeout the last try of the releases kept for a failed store.
+const (
+	drainTimeout = 15 * time.Second
+	closeTimeout = 5 * time.Second
+)
 
 // httpServer bounds what a client can hold: the whole request must arrive
 // within the read timeout (a slow body is cut off), the answer is written
@@ -223,79 +203,6 @@ func httpServer(h http.Handler, cfg serveConfig) *http.Server {
 		WriteTimeout:      cfg.readTimeout + requestTimeout + 5*time.Second,
 		IdleTimeout:       cfg.idleTimeout,
 	}
-}
-
-// redisPoolTimeout bounds the wait for a pooled connection: every WATCH
-// transaction holds one, and a saturated pool must turn into a quick 503,
-// not a hang (go-redis retries a pool timeout MaxRetries times).
-const redisPoolTimeout = time.Second
-
-// leaseStore is the active lease store and its request log.
-type leaseStore struct {
-	name string
-	// id names this store in the catalog's record of synced keys: the
-	// same Redis (or file) again is the same store, whatever it lost.
-	id       string
-	leases   optimistic.LeaseStore
-	requests broker.RequestLog
-	close    func()
-}
-
-// openStore picks the lease store: WATCH/MULTI on Redis when a URL is
-// given, else SQLite in the catalog's file.
-func openStore(ctx context.Context, cfg serveConfig, db *sql.DB) (leaseStore, error) {
-	if cfg.redisURL == "" {
-		s, err := sqlitestore.New(ctx, db, nil)
-		if err != nil {
-			return leaseStore{}, err
-		}
-		requests, err := requestlog.NewSQLite(ctx, db)
-		if err != nil {
-			return leaseStore{}, err
-		}
-		return leaseStore{name: "sqlite", id: "sqlite", leases: s, requests: requests, close: func() {}}, nil
-	}
-	// The URL may carry a password: errors must not echo it.
-	badURL := errors.New("--redis: not a valid Redis URL, want redis://[user:password@]host:port[/db]")
-	var rdb redis.UniversalClient
-	if cfg.redisCluster {
-		opt, err := redis.ParseClusterURL(cfg.redisURL)
-		if err != nil {
-			return leaseStore{}, badURL
-		}
-		opt.ContextTimeoutEnabled, opt.PoolTimeout = true, redisPoolTimeout
-		rdb = redis.NewClusterClient(opt)
-	} else {
-		opt, err := redis.ParseURL(cfg.redisURL)
-		if err != nil {
-			return leaseStore{}, badURL
-		}
-		opt.ContextTimeoutEnabled, opt.PoolTimeout = true, redisPoolTimeout
-		rdb = redis.NewClient(opt)
-	}
-	if err := rdb.Ping(ctx).Err(); err != nil {
-		_ = rdb.Close()
-		return leaseStore{}, fmt.Errorf("redis at --redis is not reachable: %w", err)
-	}
-	s, err := optimistic.New(rdb, &optimistic.Options{MinReplicas: cfg.minReplicas})
-	if err != nil {
-		_ = rdb.Close()
-		return leaseStore{}, err
-	}
-	// The request log lives beside the leases, under the store's prefix.
-	requests := requestlog.NewRedis(rdb, "credpool")
-	return leaseStore{name: "redis", id: redisID(cfg.redisURL), leases: s, requests: requests, close: func() { _ = rdb.Close() }}, nil
-}
-
-// redisID names a Redis by its URL's addresses and database, without its
-// credentials: rotating a password is no move to another store.
-func redisID(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return "redis"
-	}
-	u.User = nil
-	return "redis " + u.String()
 }
 
 // ensureKeys refuses to run without both API keys, except in --dev mode,

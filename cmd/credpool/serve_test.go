@@ -256,10 +256,12 @@ func closedWithin(t *testing.T, conn net.Conn, limit time.Duration) bool {
 }
 
 // A client cannot hold a connection by sending its body slowly or by
-// keeping an idle keep-alive open: the server closes both.
+// keeping an idle keep-alive open: the server closes both. Each case runs
+// with the other timeout long, so only its own can close the connection
+// (net/http falls back to the read timeout for idle connections).
 func TestServeCutsSlowAndIdleClients(t *testing.T) {
 	env := []string{"CREDPOOL_INTERNAL_KEY=" + internalK, "CREDPOOL_ADMIN_KEY=" + adminK, "CREDPOOL_SECRET_KEY=" + secretK}
-	p := startServe(t, env, "--db", filepath.Join(t.TempDir(), "x.db"), "--read-timeout", "1s", "--idle-timeout", "1s")
+	p := startServe(t, env, "--db", filepath.Join(t.TempDir(), "x.db"), "--read-timeout", "1s", "--idle-timeout", "60s")
 
 	slow, err := net.Dial("tcp", p.addr)
 	require.NoError(t, err)
@@ -268,6 +270,7 @@ func TestServeCutsSlowAndIdleClients(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, closedWithin(t, slow, 20*time.Second), "a body that never ends holds the connection")
 
+	p = startServe(t, env, "--db", filepath.Join(t.TempDir(), "y.db"), "--read-timeout", "30s", "--idle-timeout", "1s")
 	idle, err := net.Dial("tcp", p.addr)
 	require.NoError(t, err)
 	defer idle.Close()
@@ -290,4 +293,58 @@ func TestServeRejectsBadTimeouts(t *testing.T) {
 	t.Setenv("CREDPOOL_IDLE_TIMEOUT", "soon")
 	_, err = parseServe(nil)
 	require.ErrorContains(t, err, "CREDPOOL_IDLE_TIMEOUT")
+}
+
+// Every flag but --dev and --demo falls back to its environment variable,
+// parsed as the flag is; the command line wins.
+func TestServeReadsEnv(t *testing.T) {
+	unsetServeEnv(t)
+	for env, v := range map[string]string{
+		"CREDPOOL_LISTEN": "127.0.0.1:9", "CREDPOOL_REDIS_URL": "redis://r:6379/2", "CREDPOOL_DB": "c.db",
+		"CREDPOOL_INTERNAL_KEY": "i", "CREDPOOL_ADMIN_KEY": "a", "CREDPOOL_WEIGHTS": "idle=1",
+		"CREDPOOL_POOL_FALLBACK": "a=b", "CREDPOOL_READ_TIMEOUT": "3s", "CREDPOOL_IDLE_TIMEOUT": "4s",
+		"CREDPOOL_MAX_LEASE": "5m", "CREDPOOL_REDIS_MIN_REPLICAS": "2",
+	} {
+		t.Setenv(env, v)
+	}
+	c, err := parseServe(nil)
+	require.NoError(t, err)
+	require.Equal(t, serveConfig{
+		listen: "127.0.0.1:9", redisURL: "redis://r:6379/2", db: "c.db", internalKey: "i", adminKey: "a",
+		weights: "idle=1", fallback: "a=b", readTimeout: 3 * time.Second, idleTimeout: 4 * time.Second,
+		maxLease: 5 * time.Minute, minReplicas: 2,
+	}, c)
+	c, err = parseServe([]string{"--db", "flag.db", "--read-timeout", "7s"})
+	require.NoError(t, err)
+	require.Equal(t, "flag.db", c.db, "the command line wins")
+	require.Equal(t, 7*time.Second, c.readTimeout, "the command line wins")
+
+	for v, want := range map[string]bool{"true": true, "1": true, "TRUE": true, "t": true, "false": false, "0": false} {
+		t.Setenv("CREDPOOL_REDIS_CLUSTER", v)
+		c, err := parseServe(nil)
+		require.NoError(t, err, v)
+		require.Equal(t, want, c.redisCluster, "CREDPOOL_REDIS_CLUSTER=%s", v)
+	}
+	for _, v := range []string{"yes", ""} {
+		t.Setenv("CREDPOOL_REDIS_CLUSTER", v)
+		_, err = parseServe(nil)
+		require.ErrorContains(t, err, "CREDPOOL_REDIS_CLUSTER", "%q is no boolean: refused, not read as false", v)
+	}
+}
+
+// unsetServeEnv unsets serve's environment variables for the test.
+func unsetServeEnv(t *testing.T) {
+	for _, e := range serveEnv {
+		t.Setenv(e.env, "") // restored when the test ends
+		require.NoError(t, os.Unsetenv(e.env))
+	}
+}
+
+// Replica acknowledgements only exist for Redis.
+func TestServeRefusesMinReplicasWithoutRedis(t *testing.T) {
+	unsetServeEnv(t)
+	_, err := parseServe([]string{"--redis-min-replicas", "1"})
+	require.ErrorContains(t, err, "--redis-min-replicas needs --redis")
+	_, err = parseServe([]string{"--redis-min-replicas", "1", "--redis", "redis://127.0.0.1:6379"})
+	require.NoError(t, err)
 }

@@ -27,6 +27,7 @@ type Proxy struct {
 	mu     sync.Mutex
 	target string
 	down   bool
+	held   chan struct{}     // while blackholed: closed when it ends; else nil
 	conns  map[net.Conn]bool // open client connections
 }
 
@@ -43,6 +44,7 @@ func NewProxy(t testing.TB, target string) *Proxy {
 	go p.accept()
 	t.Cleanup(func() {
 		_ = ln.Close()
+		p.SetBlackhole(false)
 		p.wg.Wait()
 	})
 	return p
@@ -110,6 +112,34 @@ func (p *Proxy) SetDown(down bool) {
 	}
 }
 
+// SetBlackhole stops all traffic through the proxy, or lets it flow
+// again: while on, connections stay open and new ones are accepted, but
+// nothing gets through in either direction, as when a network drops
+// packets without a reset. A client sees only silence, until its own
+// timeouts. What was sent meanwhile is held and delivered once the
+// blackhole ends, as TCP retransmits it.
+func (p *Proxy) SetBlackhole(on bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	switch {
+	case on && p.held == nil:
+		p.held = make(chan struct{})
+	case !on && p.held != nil:
+		close(p.held)
+		p.held = nil
+	}
+}
+
+// pass waits while the proxy is blackholed.
+func (p *Proxy) pass() {
+	p.mu.Lock()
+	held := p.held
+	p.mu.Unlock()
+	if held != nil {
+		<-held
+	}
+}
+
 // track registers an accepted client connection and returns the server to
 // send it to, or "" while down.
 func (p *Proxy) track(c net.Conn) string {
@@ -165,6 +195,7 @@ func (p *Proxy) toServer(client, server net.Conn, mute *atomic.Bool) {
 	for {
 		n, err := client.Read(buf)
 		if n > 0 {
+			p.pass()
 			chunk := buf[:n]
 			if p.refused(chunk) {
 				if _, werr := client.Write([]byte("-ERR refused by the fault proxy\r\n")); werr != nil || err != nil {
@@ -198,6 +229,9 @@ func (p *Proxy) toClient(server, client net.Conn, mute *atomic.Bool) {
 	buf := make([]byte, 64<<10)
 	for {
 		n, err := server.Read(buf)
+		if n > 0 {
+			p.pass()
+		}
 		if n > 0 && !mute.Load() {
 			if _, werr := client.Write(buf[:n]); werr != nil {
 				return

@@ -1,0 +1,178 @@
+// Package server assembles credpool's service from its parts: the catalog,
+// the lease store (Redis or the catalog's SQLite file) with its request
+// log, the broker, its admin and the HTTP handlers. "credpool serve" and
+// the end-to-end tests build the service through New, so the tests run
+// what production runs; the binary adds flags, keys and the HTTP server.
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/credpool/credpool/handlers"
+	"github.com/credpool/credpool/internal/broker"
+	"github.com/credpool/credpool/internal/catalog"
+	"github.com/credpool/credpool/internal/sqlitex"
+	"github.com/credpool/credpool/optimistic"
+)
+
+// Config is what New needs. DB, Sealer and the two keys are required; the
+// rest have defaults.
+type Config struct {
+	// DB is the catalog's SQLite database, also the lease store's when
+	// RedisURL is empty. The caller opens it and closes it after Close.
+	DB *sqlitex.DB
+	// Sealer seals the credentials at rest in the catalog.
+	Sealer *catalog.Sealer
+	// RedisURL, if set, keeps leases in Redis (WATCH/MULTI), e.g.
+	// redis://[user:password@]host:port[/db]; see RedisOptions for the
+	// client's timeouts.
+	//
+	// default: "" (leases in DB)
+	RedisURL string
+	// RedisCluster reads RedisURL as a cluster URL
+	// (redis://host:port?addr=host2:port2).
+	//
+	// default: false
+	RedisCluster bool
+	// MinReplicas is the Redis store's optimistic.Options.MinReplicas.
+	//
+	// default: 0
+	MinReplicas int
+	// InternalKey and AdminKey guard the two APIs (handlers.Config).
+	InternalKey, AdminKey string
+	// Weights rank candidates.
+	//
+	// default: broker.DefaultWeights()
+	Weights *broker.Weights
+	// Pools is the pool fallback order.
+	//
+	// default: broker.DefaultPoolOrder()
+	Pools broker.PoolOrder
+	// MaxLease is the longest lease granted or renewed to, and how long a
+	// key the store lost is held back; the broker and the handlers get the
+	// same.
+	//
+	// default: broker.DefaultMaxLease
+	MaxLease time.Duration
+	// RequestTimeout bounds each request's work (handlers.Config).
+	//
+	// default: 10s
+	RequestTimeout time.Duration
+	// Logger gets the broker's and the handlers' lines.
+	//
+	// default: slog.Default()
+	Logger *slog.Logger
+	// WrapCatalog and WrapLeases, if set, wrap what the broker's request
+	// path sees of the catalog and the lease store (not the admin's): the
+	// tests inject faults and pauses with them.
+	//
+	// default: nil
+	WrapCatalog func(broker.Catalog) broker.Catalog
+	WrapLeases  func(optimistic.LeaseStore) optimistic.LeaseStore
+}
+
+// Server is the assembled service. Its methods are safe for concurrent
+// use; Close it once, when its Handler serves no more.
+type Server struct {
+	// Handler serves the HTTP API.
+	Handler http.Handler
+	// Catalog and Admin are the service's own, for seeding and inspection.
+	Catalog *catalog.SQL
+	Admin   *broker.Admin
+	// StoreName names the lease store: "redis" or "sqlite".
+	StoreName string
+
+	broker     *broker.Broker
+	closeStore func()
+}
+
+// New opens the catalog in cfg.DB, seals with the current key any secret
+// not yet sealed with it, opens the lease store, syncs the catalog into it
+// and builds the handlers. On failure nothing stays open but cfg.DB.
+func New(ctx context.Context, cfg Config) (*Server, error) {
+	if cfg.DB == nil || cfg.Sealer == nil {
+		return nil, errors.New("server: DB and Sealer are required")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.MaxLease <= 0 {
+		cfg.MaxLease = broker.DefaultMaxLease
+	}
+	cat, err := catalog.New(ctx, cfg.DB, &catalog.Options{Sealer: cfg.Sealer})
+	if err != nil {
+		return nil, err
+	}
+	// Secrets written in the clear, or sealed with a key being rotated out,
+	// are sealed with the current key now.
+	sealed, skipped, err := cat.Rekey(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("seal secrets with the current key: %w", err)
+	}
+	if sealed > 0 {
+		cfg.Logger.Info("secrets sealed with the current key", "count", sealed)
+	}
+	if len(skipped) > 0 {
+		// Those keys answer 503 catalog_unavailable until a key that opens
+		// them is configured (CREDPOOL_SECRET_KEYS_OLD) or they are put again.
+		cfg.Logger.Warn("secrets no configured key opens were left as they are", "key_ids", skipped)
+	}
+	st, err := openStore(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	opts := &broker.Options{
+		Weights: cfg.Weights, Pools: cfg.Pools, Requests: st.requests, Logger: cfg.Logger,
+		MaxLease: cfg.MaxLease, Losses: broker.NewLosses(), StoreID: st.id,
+	}
+	admin := broker.NewAdmin(cat, st.leases, opts)
+	n, err := admin.Sync(ctx)
+	if err != nil {
+		st.close()
+		return nil, fmt.Errorf("sync catalog into the %s lease store: %w", st.name, err)
+	}
+	cfg.Logger.Info("catalog synced into the lease store", "keys", n)
+
+	var brokerCat broker.Catalog = cat
+	if cfg.WrapCatalog != nil {
+		brokerCat = cfg.WrapCatalog(brokerCat)
+	}
+	leases := st.leases
+	if cfg.WrapLeases != nil {
+		leases = cfg.WrapLeases(leases)
+	}
+	brk := broker.New(brokerCat, leases, opts)
+	h, err := handlers.New(handlers.Config{
+		Service:        brk,
+		Admin:          admin,
+		InternalKey:    cfg.InternalKey,
+		AdminKey:       cfg.AdminKey,
+		Store:          st.name,
+		Metrics:        handlers.NewMetrics(),
+		RequestTimeout: cfg.RequestTimeout,
+		MaxLease:       cfg.MaxLease,
+		Logger:         cfg.Logger,
+	})
+	if err != nil {
+		brk.Close(ctx)
+		st.close()
+		return nil, err
+	}
+	return &Server{Handler: h, Catalog: cat, Admin: admin, StoreName: st.name, broker: brk, closeStore: st.close}, nil
+}
+
+// Close gives the releases that met a store failure one last try under
+// ctx, then closes the lease store's client. Releases still failing are
+// left to expire (see Backlog).
+func (s *Server) Close(ctx context.Context) {
+	s.broker.Close(ctx)
+	s.closeStore()
+}
+
+// Backlog reports the releases that met a store failure and wait for it.
+func (s *Server) Backlog() broker.Backlog { return s.broker.Backlog() }

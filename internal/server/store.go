@@ -1,0 +1,141 @@
+package server
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/credpool/credpool/internal/broker"
+	rs "github.com/credpool/credpool/internal/redisschema"
+	"github.com/credpool/credpool/internal/requestlog"
+	"github.com/credpool/credpool/internal/sqlitestore"
+	"github.com/credpool/credpool/optimistic"
+)
+
+// The Redis client's bounds, where the URL does not set its own
+// (dial_timeout, read_timeout, write_timeout, pool_timeout, max_retries,
+// and dialer_retries for a cluster). A Redis that goes silent (a network
+// that drops packets without a reset) must become a store error, 503
+// store_unavailable, well inside a request's deadline rather than run it
+// out: a try is bounded by redisTimeout, and a call by its retries.
+const (
+	redisTimeout = time.Second
+	// redisRetries is how many more times go-redis tries a command after a
+	// network error or a timeout.
+	redisRetries = 1
+	// redisDialAttempts is how many times go-redis dials a connection.
+	redisDialAttempts = 1
+	// redisPoolTimeout bounds the wait for a pooled connection: every WATCH
+	// transaction holds one, and a saturated pool must turn into a quick
+	// 503, not a hang.
+	redisPoolTimeout = time.Second
+)
+
+// errBadURL stands for any parse error of the Redis URL, which may carry
+// a password that an error must not echo.
+var errBadURL = errors.New("--redis: not a valid Redis URL, want redis://[user:password@]host:port[/db]")
+
+// leaseStore is the active lease store and its request log.
+type leaseStore struct {
+	name string
+	// id names this store in the catalog's record of synced keys: the
+	// same Redis (or file) again is the same store, whatever it lost.
+	id       string
+	leases   optimistic.LeaseStore
+	requests broker.RequestLog
+	close    func()
+}
+
+// openStore picks the lease store: WATCH/MULTI on Redis when a URL is
+// given, else SQLite in the catalog's file.
+func openStore(ctx context.Context, cfg Config) (leaseStore, error) {
+	if cfg.RedisURL == "" {
+		s, err := sqlitestore.New(ctx, cfg.DB, nil)
+		if err != nil {
+			return leaseStore{}, err
+		}
+		requests, err := requestlog.NewSQLite(ctx, cfg.DB)
+		if err != nil {
+			return leaseStore{}, err
+		}
+		return leaseStore{name: "sqlite", id: "sqlite", leases: s, requests: requests, close: func() {}}, nil
+	}
+	rdb, id, err := redisClient(cfg.RedisURL, cfg.RedisCluster)
+	if err != nil {
+		return leaseStore{}, err
+	}
+	if err := rdb.Ping(ctx).Err(); err != nil {
+		_ = rdb.Close()
+		return leaseStore{}, fmt.Errorf("redis at --redis is not reachable: %w", err)
+	}
+	s, err := optimistic.New(rdb, &optimistic.Options{MinReplicas: cfg.MinReplicas})
+	if err != nil {
+		_ = rdb.Close()
+		return leaseStore{}, err
+	}
+	// The request log lives beside the leases, under the store's prefix.
+	requests, err := requestlog.NewRedis(rdb, rs.DefaultPrefix)
+	if err != nil {
+		_ = rdb.Close()
+		return leaseStore{}, err
+	}
+	return leaseStore{name: "redis", id: id, leases: s, requests: requests, close: func() { _ = rdb.Close() }}, nil
+}
+
+// redisClient returns a client of the Redis at raw, bounded as the
+// constants above say, and the store's identity.
+func redisClient(raw string, cluster bool) (redis.UniversalClient, string, error) {
+	if cluster {
+		o, err := redis.ParseClusterURL(raw)
+		if err != nil {
+			return nil, "", errBadURL
+		}
+		o.ContextTimeoutEnabled = true
+		o.DialTimeout = cmp.Or(o.DialTimeout, redisTimeout)
+		o.ReadTimeout = cmp.Or(o.ReadTimeout, redisTimeout)
+		o.WriteTimeout = cmp.Or(o.WriteTimeout, o.ReadTimeout)
+		o.PoolTimeout = cmp.Or(o.PoolTimeout, redisPoolTimeout)
+		o.MaxRetries = cmp.Or(o.MaxRetries, redisRetries)
+		o.DialerRetries = cmp.Or(o.DialerRetries, redisDialAttempts)
+		return redis.NewClusterClient(o), clusterID(o), nil
+	}
+	o, err := redis.ParseURL(raw)
+	if err != nil {
+		return nil, "", errBadURL
+	}
+	o.ContextTimeoutEnabled = true
+	o.DialTimeout = cmp.Or(o.DialTimeout, redisTimeout)
+	o.ReadTimeout = cmp.Or(o.ReadTimeout, redisTimeout)
+	o.WriteTimeout = cmp.Or(o.WriteTimeout, o.ReadTimeout)
+	o.PoolTimeout = cmp.Or(o.PoolTimeout, redisPoolTimeout)
+	o.MaxRetries = cmp.Or(o.MaxRetries, redisRetries)
+	o.DialerRetries = cmp.Or(o.DialerRetries, redisDialAttempts)
+	return redis.NewClient(o), redisID(o), nil
+}
+
+// redisID names a Redis by its address and database as parsed, however
+// the URL spells them (a default port or database, client_name, timeouts),
+// and without credentials: rotating a password is no move to another
+// store.
+func redisID(o *redis.Options) string {
+	if o.Network == "unix" {
+		return fmt.Sprintf("redis unix:%s/%d", o.Addr, o.DB)
+	}
+	return fmt.Sprintf("redis redis://%s/%d", strings.ToLower(o.Addr), o.DB)
+}
+
+// clusterID names a cluster by its seed addresses, in any order.
+func clusterID(o *redis.ClusterOptions) string {
+	addrs := make([]string, len(o.Addrs))
+	for i, a := range o.Addrs {
+		addrs[i] = strings.ToLower(a)
+	}
+	slices.Sort(addrs)
+	return "redis cluster " + strings.Join(slices.Compact(addrs), ",")
+}
