@@ -11,10 +11,11 @@ import (
 
 // SyncKey upserts a key's allocation state into its HASH and its pool
 // membership, moving it out of its old pool if provider or pool changed.
-// Leases, the fencing counter and (when k.LastUsedAt is zero) last_used_at
-// are kept. Allocate checks membership on the HASH, so a partial failure
-// can at worst leave a stale member in an old pool's ZSET, which nothing
-// reads; syncing again repairs it.
+// Leases, the fencing counter and a stored last_used_at are kept:
+// k.LastUsedAt only fills in a missing one, with HSETNX, so that a grant
+// committed meanwhile is never overwritten. Allocate checks membership on
+// the HASH, so a partial failure can at worst leave a stale member in an
+// old pool's ZSET, which nothing reads; syncing again repairs it.
 func (s *Store) SyncKey(ctx context.Context, k KeyState) error {
 	if err := k.Validate(); err != nil {
 		return err
@@ -28,16 +29,13 @@ func (s *Store) SyncKey(ctx context.Context, k KeyState) error {
 	if !k.CooldownUntil.IsZero() {
 		cooldown = strconv.FormatInt(k.CooldownUntil.UnixMilli(), 10)
 	}
-	fields := []any{
-		rs.FieldProvider, k.Provider, rs.FieldPool, k.Pool, rs.FieldStatus, string(k.Status),
-		rs.FieldCooldown, cooldown, rs.FieldLimit, k.MaxConcurrentUses,
-	}
-	if !k.LastUsedAt.IsZero() {
-		fields = append(fields, rs.FieldLastUsed, k.LastUsedAt.UnixMilli())
-	}
 	// Separate commands, not MULTI: the pool ZSETs live in other slots.
 	_, err = s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		p.HSet(ctx, keyKey, fields...)
+		p.HSet(ctx, keyKey, rs.FieldProvider, k.Provider, rs.FieldPool, k.Pool, rs.FieldStatus, string(k.Status),
+			rs.FieldCooldown, cooldown, rs.FieldLimit, k.MaxConcurrentUses)
+		if !k.LastUsedAt.IsZero() {
+			p.HSetNX(ctx, keyKey, rs.FieldLastUsed, k.LastUsedAt.UnixMilli())
+		}
 		p.ZAdd(ctx, s.keys.Pool(k.Provider, k.Pool), redis.Z{Score: k.Score, Member: k.ID})
 		oldProvider, _ := old[0].(string)
 		oldPool, _ := old[1].(string)
@@ -159,7 +157,7 @@ func (s *Store) Inspect(ctx context.Context, keyIDs ...string) ([]KeyInfo, error
 		out[i] = KeyInfo{
 			ID: id, Exists: k.exists, Provider: k.provider, Pool: k.pool, Status: k.status,
 			CooldownUntil: fromMillis(cd), Limit: k.limit, Live: ls.live,
-			FreeAt: fromMillis(free), Fence: k.fence,
+			FreeAt: fromMillis(free), Fence: k.fence, LastUsedAt: fromMillis(k.lastUsed),
 		}
 	}
 	return out, nil

@@ -119,7 +119,10 @@ type KeyState struct {
 	CooldownUntil time.Time
 	// MaxConcurrentUses is the slot limit; below 1 counts as 1.
 	MaxConcurrentUses int
-	// LastUsedAt is written only when non-zero.
+	// LastUsedAt seeds the key's last grant time when the store has none
+	// (a new key, or one it lost); zero seeds nothing. It never replaces
+	// the store's own, so a sync from an older catalog read cannot move
+	// it back.
 	LastUsedAt time.Time
 	// Score is the key's ops score in the pool ZSET; Allocate never reads it.
 	Score float64
@@ -154,6 +157,9 @@ type KeyInfo struct {
 	FreeAt time.Time
 	// Fence is the last fencing token handed out.
 	Fence int64
+	// LastUsedAt is the key's last grant by the store's clock (ms), or the
+	// KeyState.LastUsedAt it was seeded with; zero if neither.
+	LastUsedAt time.Time
 }
 
 // Validate returns an ErrInvalid naming the first bad field: a malformed

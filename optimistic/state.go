@@ -10,7 +10,7 @@ import (
 )
 
 // keyFields are the key HASH fields every read takes, in parseKey's order.
-var keyFields = []string{rs.FieldProvider, rs.FieldPool, rs.FieldStatus, rs.FieldCooldown, rs.FieldLimit, rs.FieldFence}
+var keyFields = []string{rs.FieldProvider, rs.FieldPool, rs.FieldStatus, rs.FieldCooldown, rs.FieldLimit, rs.FieldFence, rs.FieldLastUsed}
 
 // keyState is one read of a key HASH.
 type keyState struct {
@@ -21,6 +21,7 @@ type keyState struct {
 	cooldown string
 	limit    int
 	fence    int64
+	lastUsed int64 // ms, 0 if never granted
 }
 
 // parseKey reads an HMGET of keyFields; a missing provider means no key.
@@ -34,6 +35,7 @@ func parseKey(vals []any) keyState {
 		return ""
 	}
 	fence, _ := strconv.ParseInt(str(5), 10, 64)
+	lastUsed, _ := strconv.ParseInt(str(6), 10, 64)
 	return keyState{
 		exists:   str(0) != "",
 		provider: str(0),
@@ -42,6 +44,7 @@ func parseKey(vals []any) keyState {
 		cooldown: str(3),
 		limit:    ParseLimit(str(4)),
 		fence:    fence,
+		lastUsed: lastUsed,
 	}
 }
 

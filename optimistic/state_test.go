@@ -126,11 +126,11 @@ func TestNotHeld(t *testing.T) {
 }
 
 func TestParseKey(t *testing.T) {
-	k := parseKey([]any{"openai", "vip", "cooldown", "123", "abc", "7"})
-	require.Equal(t, keyState{exists: true, provider: "openai", pool: "vip", status: StatusCooldown, cooldown: "123", limit: 1, fence: 7}, k)
+	k := parseKey([]any{"openai", "vip", "cooldown", "123", "abc", "7", "1700000000000"})
+	require.Equal(t, keyState{exists: true, provider: "openai", pool: "vip", status: StatusCooldown, cooldown: "123", limit: 1, fence: 7, lastUsed: 1700000000000}, k)
 	require.True(t, k.member("openai", "vip"))
 	require.False(t, k.member("openai", "default"))
-	require.False(t, parseKey([]any{nil, nil, nil, nil, nil, nil}).exists)
+	require.False(t, parseKey([]any{nil, nil, nil, nil, nil, nil, nil}).exists)
 }
 
 func TestNewRejectsBadPrefix(t *testing.T) {

@@ -34,10 +34,12 @@ func openSQLite(t *testing.T, path string) *sqlitex.DB {
 	return db
 }
 
+// newSQLiteStore opens a store on db, closed when t ends (before db).
 func newSQLiteStore(t *testing.T, db *sqlitex.DB, opts *sqlitestore.Options) *sqlitestore.Store {
 	t.Helper()
 	s, err := sqlitestore.New(context.Background(), db, opts)
 	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, s.Close()) })
 	return s
 }
 

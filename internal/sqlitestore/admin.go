@@ -9,8 +9,9 @@ import (
 )
 
 // SyncKey upserts a key's allocation state; its provider and pool columns are
-// its pool membership. Leases, the fencing counter and (when k.LastUsedAt is
-// zero) last_used_at are kept. On error nothing is written.
+// its pool membership. Leases, the fencing counter and a stored
+// last_used_at are kept: k.LastUsedAt only fills in a missing one. On error
+// nothing is written.
 func (s *Store) SyncKey(ctx context.Context, k optimistic.KeyState) error {
 	if err := k.Validate(); err != nil {
 		return err
@@ -25,7 +26,7 @@ ON CONFLICT (id) DO UPDATE SET
 	status = excluded.status,
 	cooldown_until = excluded.cooldown_until,
 	max_concurrent_uses = excluded.max_concurrent_uses,
-	last_used_at = coalesce(excluded.last_used_at, lease_keys.last_used_at),
+	last_used_at = coalesce(lease_keys.last_used_at, excluded.last_used_at),
 	score = excluded.score`,
 			k.ID, k.Provider, k.Pool, string(k.Status), toMillis(k.CooldownUntil), k.MaxConcurrentUses,
 			toMillis(k.LastUsedAt), k.Score)
@@ -73,24 +74,24 @@ func (s *Store) ClearLeases(ctx context.Context, keyID string) (int, error) {
 	return int(n), nil
 }
 
-// Inspect reads the live state of each key in one read transaction. Missing
-// keys come back with Exists false.
+// Inspect reads the live state of every key in one query, in one read
+// transaction. Missing keys come back with Exists false.
 func (s *Store) Inspect(ctx context.Context, keyIDs ...string) ([]optimistic.KeyInfo, error) {
 	if err := optimistic.CheckKeyIDs(keyIDs...); err != nil {
 		return nil, err
 	}
 	var out []optimistic.KeyInfo
 	_, err := s.do(ctx, true, func(tx *sql.Tx, now int64) error {
-		out = make([]optimistic.KeyInfo, len(keyIDs))
-		for i, id := range keyIDs {
-			k, err := readKey(ctx, tx, id, now)
-			if err != nil {
-				return err
-			}
+		keys, err := s.readKeys(ctx, tx, keyIDs, now)
+		if err != nil {
+			return err
+		}
+		out = make([]optimistic.KeyInfo, len(keys))
+		for i, k := range keys {
 			out[i] = optimistic.KeyInfo{
-				ID: id, Exists: k.exists, Provider: k.provider, Pool: k.pool, Status: k.status,
+				ID: keyIDs[i], Exists: k.exists, Provider: k.provider, Pool: k.pool, Status: k.status,
 				CooldownUntil: fromMillis(k.cooldownUntil()), Limit: k.limit, Live: k.live,
-				FreeAt: fromMillis(k.freeAt(now)), Fence: k.fence,
+				FreeAt: fromMillis(k.freeAt(now)), Fence: k.fence, LastUsedAt: fromMillis(k.lastUsed),
 			}
 		}
 		return nil

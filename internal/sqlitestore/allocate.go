@@ -30,7 +30,7 @@ func (s *Store) Allocate(ctx context.Context, req optimistic.AllocateRequest) (o
 	leaseID := uuid.NewString()
 	var c claimed
 	st, err := s.do(ctx, false, func(tx *sql.Tx, now int64) (err error) {
-		c, err = claim(ctx, tx, req, leaseID, now)
+		c, err = s.claim(ctx, tx, req, leaseID, now)
 		return err
 	})
 	st.Pruned = c.pruned
@@ -53,14 +53,17 @@ type claimed struct {
 }
 
 // claim is the body of Allocate's transaction. Like the Redis stores it
-// prunes only the key it grants on, so Stats.Pruned means the same.
-func claim(ctx context.Context, tx *sql.Tx, req optimistic.AllocateRequest, leaseID string, now int64) (claimed, error) {
+// prunes only the key it grants on, so Stats.Pruned means the same. It
+// reads one candidate at a time, under the write lock: the first usually
+// has room, and reading all of them at once costs more than it saves.
+func (s *Store) claim(ctx context.Context, tx *sql.Tx, req optimistic.AllocateRequest, leaseID string, now int64) (claimed, error) {
 	var c claimed
 	for _, id := range req.Candidates {
-		k, err := readKey(ctx, tx, id, now)
+		keys, err := s.readKeys(ctx, tx, []string{id}, now)
 		if err != nil {
 			return claimed{}, err
 		}
+		k := keys[0]
 		if !k.member(req.Provider, req.Pool) {
 			continue
 		}
@@ -69,7 +72,7 @@ func claim(ctx context.Context, tx *sql.Tx, req optimistic.AllocateRequest, leas
 			c.full.Merge(fromMillis(at), held)
 			continue
 		}
-		res, err := tx.ExecContext(ctx, `DELETE FROM lease_leases WHERE key_id = ? AND until <= ?`, id, now)
+		res, err := s.on(ctx, tx, qPrune).ExecContext(ctx, id, now)
 		if err != nil {
 			return claimed{}, err
 		}
@@ -79,14 +82,10 @@ func claim(ctx context.Context, tx *sql.Tx, req optimistic.AllocateRequest, leas
 		// The clock again, for microseconds: under the write lock, so still
 		// after every grant committed before this one.
 		until, fence := now+req.TTL.Milliseconds(), optimistic.NextFence(k.fence, time.Now())
-		if _, err := tx.ExecContext(ctx,
-			`INSERT INTO lease_leases (id, key_id, provider, pool, until) VALUES (?, ?, ?, ?, ?)`,
-			leaseID, id, req.Provider, req.Pool, until); err != nil {
+		if _, err := s.on(ctx, tx, qInsertLease).ExecContext(ctx, leaseID, id, req.Provider, req.Pool, until); err != nil {
 			return claimed{}, err
 		}
-		if _, err := tx.ExecContext(ctx,
-			`UPDATE lease_keys SET status = ?, cooldown_until = NULL, last_used_at = ?, fence = ? WHERE id = ?`,
-			string(optimistic.StatusAvailable), now, fence, id); err != nil {
+		if _, err := s.on(ctx, tx, qGrantKey).ExecContext(ctx, string(optimistic.StatusAvailable), now, fence, id); err != nil {
 			return claimed{}, err
 		}
 		c.lease = optimistic.Lease{

@@ -28,6 +28,7 @@ func ExampleStore_Allocate() {
 	if err != nil {
 		panic(err)
 	}
+	defer store.Close()
 	ctx := context.Background()
 	err = store.SyncKey(ctx, optimistic.KeyState{
 		ID: "key-1", Provider: "openai", Pool: "default",

@@ -20,10 +20,10 @@ func (s *Store) Release(ctx context.Context, ref optimistic.LeaseRef) error {
 		return err
 	}
 	_, err := s.do(ctx, false, func(tx *sql.Tx, now int64) error {
-		if _, err := holds(ctx, tx, ref, now); err != nil {
+		if _, err := s.holds(ctx, tx, ref, now); err != nil {
 			return err
 		}
-		_, err := tx.ExecContext(ctx, `DELETE FROM lease_leases WHERE id = ?`, ref.LeaseID)
+		_, err := s.on(ctx, tx, qDeleteLease).ExecContext(ctx, ref.LeaseID)
 		return err
 	})
 	return sqlitex.Classify(ctx, "release", err)
@@ -37,7 +37,7 @@ func (s *Store) Holds(ctx context.Context, ref optimistic.LeaseRef) (time.Time, 
 	}
 	var until int64
 	_, err := s.do(ctx, true, func(tx *sql.Tx, now int64) (err error) {
-		until, err = holds(ctx, tx, ref, now)
+		until, err = s.holds(ctx, tx, ref, now)
 		return err
 	})
 	if err != nil {
@@ -59,11 +59,11 @@ func (s *Store) Renew(ctx context.Context, ref optimistic.LeaseRef, ttl time.Dur
 	}
 	var until int64
 	_, err := s.do(ctx, false, func(tx *sql.Tx, now int64) error {
-		if _, err := holds(ctx, tx, ref, now); err != nil {
+		if _, err := s.holds(ctx, tx, ref, now); err != nil {
 			return err
 		}
 		until = now + ttl.Milliseconds()
-		_, err := tx.ExecContext(ctx, `UPDATE lease_leases SET until = ? WHERE id = ?`, until, ref.LeaseID)
+		_, err := s.on(ctx, tx, qRenewLease).ExecContext(ctx, until, ref.LeaseID)
 		return err
 	})
 	if err != nil {
@@ -75,13 +75,12 @@ func (s *Store) Renew(ctx context.Context, ref optimistic.LeaseRef, ttl time.Dur
 // holds says whether ref holds a live lease at now and returns its expiry
 // (ms). Like the Redis store it looks the lease up under ref's key only, so
 // a wrong key id is "unknown", not a mismatch.
-func holds(ctx context.Context, tx *sql.Tx, ref optimistic.LeaseRef, now int64) (int64, error) {
+func (s *Store) holds(ctx context.Context, tx *sql.Tx, ref optimistic.LeaseRef, now int64) (int64, error) {
 	var (
 		provider, pool string
 		until          int64
 	)
-	err := tx.QueryRowContext(ctx, `SELECT provider, pool, until FROM lease_leases WHERE id = ? AND key_id = ?`,
-		ref.LeaseID, ref.KeyID).Scan(&provider, &pool, &until)
+	err := s.on(ctx, tx, qHolds).QueryRowContext(ctx, ref.LeaseID, ref.KeyID).Scan(&provider, &pool, &until)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
 		return 0, optimistic.NotHeld(ref.LeaseID, optimistic.LostUnknown)

@@ -3,7 +3,7 @@ package sqlitestore
 import (
 	"context"
 	"database/sql"
-	"errors"
+	"encoding/json"
 	"strconv"
 
 	"github.com/credpool/credpool/optimistic"
@@ -18,36 +18,45 @@ type keyState struct {
 	cooldown string // raw cooldown_until, as optimistic.Usable reads it
 	limit    int
 	fence    int64
+	lastUsed int64 // ms, 0 if never granted nor seeded
 	live     int
 	first    int64 // earliest live lease expiry (ms), 0 if none
 }
 
-// readKey reads key id and counts its leases that are live at now.
-func readKey(ctx context.Context, tx *sql.Tx, id string, now int64) (keyState, error) {
-	var (
-		k               keyState
-		status          string
-		cooldown, limit sql.NullString
-	)
-	err := tx.QueryRowContext(ctx, `
-SELECT k.provider, k.pool, k.status, k.cooldown_until, k.max_concurrent_uses, k.fence,
-       count(l.id), coalesce(min(l.until), 0)
-FROM lease_keys k LEFT JOIN lease_leases l ON l.key_id = k.id AND l.until > ?
-WHERE k.id = ?
-GROUP BY k.id`, now, id).Scan(
-		&k.provider, &k.pool, &status, &cooldown, &limit, &k.fence, &k.live, &k.first)
-	if errors.Is(err, sql.ErrNoRows) {
-		// KeyInfo.Limit is at least 1, even for a missing key.
-		return keyState{limit: 1}, nil
+// readKeys reads the keys named by ids, one state for each id in their
+// order, with their leases live at now, in one query whatever the number.
+func (s *Store) readKeys(ctx context.Context, tx *sql.Tx, ids []string, now int64) ([]keyState, error) {
+	if len(ids) == 0 {
+		return nil, nil
 	}
+	list, err := json.Marshal(ids)
 	if err != nil {
-		return keyState{}, err
+		return nil, err
 	}
-	k.exists = true
-	k.status = optimistic.Status(status)
-	k.cooldown = cooldown.String
-	k.limit = optimistic.ParseLimit(limit.String)
-	return k, nil
+	rows, err := s.on(ctx, tx, qReadKeys).QueryContext(ctx, string(list), now)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := make([]keyState, 0, len(ids))
+	for rows.Next() {
+		var (
+			k                                       keyState
+			provider, pool, status, cooldown, limit sql.NullString
+			fence, lastUsed                         sql.NullInt64
+		)
+		err := rows.Scan(&k.exists, &provider, &pool, &status, &cooldown, &limit,
+			&fence, &lastUsed, &k.live, &k.first)
+		if err != nil {
+			return nil, err
+		}
+		k.provider, k.pool, k.status = provider.String, pool.String, optimistic.Status(status.String)
+		k.cooldown, k.fence, k.lastUsed = cooldown.String, fence.Int64, lastUsed.Int64
+		// KeyInfo.Limit is at least 1, even for a missing key.
+		k.limit = optimistic.ParseLimit(limit.String)
+		out = append(out, k)
+	}
+	return out, rows.Err()
 }
 
 func (k keyState) member(provider, pool string) bool {

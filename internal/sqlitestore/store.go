@@ -30,6 +30,7 @@ type Options struct {
 type Store struct {
 	db     *sqlitex.DB
 	policy retry.Policy
+	stmts  statements
 }
 
 // New returns a Store over db, which must use the modernc.org/sqlite driver
@@ -38,7 +39,8 @@ type Store struct {
 // catalog and the request log sharing db (see "Locking" in the package
 // doc). New creates or upgrades the store's lease_* tables under ctx; on a
 // file whose schema is current it writes nothing, so a read-only file still
-// serves Inspect.
+// serves Inspect. New prepares the statements of the hot path on db; Close
+// releases them.
 func New(ctx context.Context, db *sqlitex.DB, opts *Options) (*Store, error) {
 	if db == nil {
 		return nil, errors.New("sqlitestore: nil database")
@@ -50,8 +52,17 @@ func New(ctx context.Context, db *sqlitex.DB, opts *Options) (*Store, error) {
 	if err := sqlitex.Migrate(ctx, db.DB, schema, s.policy); err != nil {
 		return nil, sqlitex.Classify(ctx, "open", err)
 	}
+	stmts, err := prepare(ctx, db.DB)
+	if err != nil {
+		return nil, sqlitex.Classify(ctx, "open", err)
+	}
+	s.stmts = stmts
 	return s, nil
 }
+
+// Close releases the store's prepared statements; closing db releases them
+// too. It leaves db open. Calls made after Close fail with ErrStore.
+func (s *Store) Close() error { return s.stmts.close() }
 
 // Ping checks that the file answers and holds the store's tables.
 func (s *Store) Ping(ctx context.Context) error {

@@ -169,6 +169,7 @@ var cases = []struct {
 	{"ClearLeasesFreesAll", clearLeases},
 	{"FencingTokensIncrease", fencing},
 	{"InspectReportsLiveState", inspect},
+	{"LastUsedAtIsTheLastGrant", lastUsed},
 	{"InvalidInputRejectedBeforeStore", invalidInput},
 	{"CancelledContext", cancelled},
 	{"StoreDownIsNotNoCapacity", storeDown},
@@ -575,6 +576,41 @@ func inspect(t *testing.T, b Backend) {
 	require.Equal(t, "missing", infos[1].ID)
 	require.False(t, infos[1].Exists)
 	require.True(t, infos[1].FreeAt.IsZero())
+}
+
+func lastUsed(t *testing.T, b Backend) {
+	// granted checks that k's last use is the grant of l, whose lease ends
+	// a ttl after the store's now, and returns it.
+	granted := func(k string, l optimistic.Lease, ttl time.Duration) time.Time {
+		t.Helper()
+		at := info(t, b, k).LastUsedAt
+		require.WithinDuration(t, l.Until.Add(-ttl), at, time.Second)
+		return at
+	}
+	seed := time.UnixMilli(1_700_000_000_000)
+	seeded := key("seeded", 2)
+	seeded.LastUsedAt = seed
+	syncKeys(t, b, key("k", 2), seeded)
+	require.True(t, info(t, b, "k").LastUsedAt.IsZero(), "never granted")
+	require.True(t, info(t, b, "seeded").LastUsedAt.Equal(seed), "seeded by sync")
+
+	first := granted("k", mustAllocate(t, b, longTTL, "k"), longTTL)
+	time.Sleep(5 * time.Millisecond)
+	l := mustAllocate(t, b, shortTTL, "k")
+	require.True(t, granted("k", l, shortTTL).After(first), "moves with every grant")
+	require.NoError(t, b.Store.Release(context.Background(), l.LeaseRef))
+	last := granted("k", l, shortTTL)
+	// A sync from an older catalog read never moves it back.
+	stale := key("k", 2)
+	stale.LastUsedAt = seed
+	syncKeys(t, b, stale, key("k", 2))
+	require.Equal(t, last, granted("k", l, shortTTL))
+
+	l = mustAllocate(t, b, longTTL, "seeded")
+	last = granted("seeded", l, longTTL)
+	syncKeys(t, b, seeded)
+	require.Equal(t, last, granted("seeded", l, longTTL))
+	require.True(t, info(t, b, "missing").LastUsedAt.IsZero())
 }
 
 func invalidInput(t *testing.T, b Backend) {
