@@ -36,6 +36,7 @@ const (
 // a real lease store.
 type service struct {
 	url   string
+	dir   string            // holds the catalog's file
 	db    *sqlitex.DB       // the catalog's file (and the SQLite store's)
 	redis *redistest.Server // nil for the SQLite store
 	proxy *redistest.Proxy  // between the service and Redis, if proxied
@@ -110,7 +111,7 @@ func startService(t *testing.T, o serviceOptions) *service {
 	t.Cleanup(func() { _ = db.Close() })
 	sealer, err := catalog.NewSealer(bytes.Repeat([]byte{7}, 32))
 	require.NoError(t, err)
-	s := &service{db: db, logs: &syncBuffer{}}
+	s := &service{dir: o.dir, db: db, logs: &syncBuffer{}}
 	cfg := server.Config{
 		DB: db, Sealer: sealer, MinReplicas: o.minReplicas, MaxLease: o.maxLease,
 		InternalKey: internalKey, AdminKey: adminKey, WrapLeases: o.wrap,
@@ -303,9 +304,12 @@ func TestHTTPLeaseLifecycle(t *testing.T) {
 		code, _, r = s.internal(t, "report", withField(leaseBody(g), "outcome", "success"))
 		require.Equal(t, http.StatusOK, code)
 		require.Equal(t, map[string]any{"released": true}, r)
-		code, out = s.admin(t, http.MethodGet, "keys/k1", nil)
-		require.Equal(t, http.StatusOK, code)
-		require.EqualValues(t, 1, out["successes"])
+		// Counters and last use are written behind, within a second.
+		require.Eventually(t, func() bool {
+			code, out = s.admin(t, http.MethodGet, "keys/k1", nil)
+			require.Equal(t, http.StatusOK, code)
+			return out["successes"] == float64(1)
+		}, 10*time.Second, 10*time.Millisecond)
 		require.EqualValues(t, 0, out["live_leases"])
 		require.NotEmpty(t, out["last_used_at"])
 

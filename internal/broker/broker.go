@@ -44,7 +44,9 @@ type Catalog interface {
 	// Key reads a key without its secret: to check its state.
 	Key(ctx context.Context, id string) (catalog.Key, error)
 	ResolveModel(ctx context.Context, provider, model string) (string, error)
-	MarkUsed(ctx context.Context, id string, at time.Time) error
+	// MarkUsed notes that a key was handed out, written behind
+	// (catalog.Cache): nothing on the request path waits for it.
+	MarkUsed(id string, at time.Time)
 	RecoverCooldown(ctx context.Context, id string, now time.Time) (bool, error)
 	Report(ctx context.Context, id, leaseID string, o catalog.Outcome, retryAfter time.Duration, now time.Time) (catalog.Key, error)
 	syncCatalog

@@ -41,7 +41,7 @@ const (
 // Admin that keeps them in step.
 type env struct {
 	db       *sqlitex.DB // the catalog's and the store's
-	cat      *catalog.SQL
+	cat      *catalog.Cache
 	store    *sqlitestore.Store
 	requests *requestlog.SQLite
 	admin    *broker.Admin
@@ -56,8 +56,9 @@ func newEnv(t *testing.T, keys ...catalog.Key) *env {
 	db, err := sqlitex.Open(path)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = db.Close() })
-	cat, err := catalog.New(t.Context(), db, nil)
+	sql, err := catalog.New(t.Context(), db, nil)
 	require.NoError(t, err)
+	cat := cache(t, sql)
 	store, err := sqlitestore.New(t.Context(), db, nil)
 	require.NoError(t, err)
 	requests, err := requestlog.NewSQLite(t.Context(), db)
@@ -71,6 +72,15 @@ func newEnv(t *testing.T, keys ...catalog.Key) *env {
 		require.NoError(t, err)
 	}
 	return e
+}
+
+// cache returns a Cache over c, closed when the test ends.
+func cache(t *testing.T, c *catalog.SQL) *catalog.Cache {
+	t.Helper()
+	cc, err := catalog.NewCache(t.Context(), c, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, cc.Close(context.Background())) })
+	return cc
 }
 
 // broker returns a Broker over c and s with the default pool order and
@@ -109,9 +119,11 @@ func (e *env) live(t *testing.T, id string) int {
 	return e.info(t, id).Live
 }
 
-// get reads a key from the catalog.
+// get reads a key from the catalog, once the uses the cache holds are
+// written.
 func (e *env) get(t *testing.T, id string) catalog.Key {
 	t.Helper()
+	require.NoError(t, e.cat.Flush(t.Context()))
 	k, err := e.cat.Get(t.Context(), id)
 	require.NoError(t, err)
 	return k
@@ -235,15 +247,13 @@ func (s *hookStore) recorded() []allocCall {
 
 // flakyCatalog is the real catalog with faults: the failRead-th read of
 // one key, by Get or Key (1-based, 0 never), answers readErr, List answers
-// listErr if set, MarkUsed runs markUsed first, if set, and answers its
-// error if any, and the first failReports Reports fail as a broken
+// listErr if set, and the first failReports Reports fail as a broken
 // database would.
 type flakyCatalog struct {
-	*catalog.SQL
+	*catalog.Cache
 	failRead int
 	readErr  error
 	listErr  error
-	markUsed func(id string) error
 	// failReports is how many Reports to fail before the real ones.
 	failReports atomic.Int32
 	// beforeQuarantine, if set, runs before each Quarantine.
@@ -268,51 +278,42 @@ func (c *flakyCatalog) Get(ctx context.Context, id string) (catalog.Key, error) 
 	if err := c.fault(); err != nil {
 		return catalog.Key{}, err
 	}
-	return c.SQL.Get(ctx, id)
+	return c.Cache.Get(ctx, id)
 }
 
 func (c *flakyCatalog) Key(ctx context.Context, id string) (catalog.Key, error) {
 	if err := c.fault(); err != nil {
 		return catalog.Key{}, err
 	}
-	return c.SQL.Key(ctx, id)
+	return c.Cache.Key(ctx, id)
 }
 
 func (c *flakyCatalog) List(ctx context.Context, provider, pool string) ([]catalog.Key, error) {
 	if c.listErr != nil {
 		return nil, c.listErr
 	}
-	return c.SQL.List(ctx, provider, pool)
-}
-
-func (c *flakyCatalog) MarkUsed(ctx context.Context, id string, at time.Time) error {
-	if c.markUsed != nil {
-		if err := c.markUsed(id); err != nil {
-			return err
-		}
-	}
-	return c.SQL.MarkUsed(ctx, id, at)
+	return c.Cache.List(ctx, provider, pool)
 }
 
 func (c *flakyCatalog) Report(ctx context.Context, id, leaseID string, o catalog.Outcome, retryAfter time.Duration, now time.Time) (catalog.Key, error) {
 	if c.failReports.Add(-1) >= 0 {
 		return catalog.Key{}, optimistic.Classify(ctx, "report", errInjected)
 	}
-	return c.SQL.Report(ctx, id, leaseID, o, retryAfter, now)
+	return c.Cache.Report(ctx, id, leaseID, o, retryAfter, now)
 }
 
 func (c *flakyCatalog) Quarantine(ctx context.Context, id string, until, now time.Time) (catalog.Key, error) {
 	if c.beforeQuarantine != nil {
 		c.beforeQuarantine(id)
 	}
-	return c.SQL.Quarantine(ctx, id, until, now)
+	return c.Cache.Quarantine(ctx, id, until, now)
 }
 
 // cancelingCatalog ends the request's context on the first Get, as a
 // caller hanging up mid-request does: before reading the real catalog
 // with it, or, with afterRead, once the read is done.
 type cancelingCatalog struct {
-	*catalog.SQL
+	*catalog.Cache
 	cancel    context.CancelFunc
 	afterRead bool
 }
@@ -323,7 +324,7 @@ func (c cancelingCatalog) Get(ctx context.Context, id string) (catalog.Key, erro
 	} else {
 		c.cancel()
 	}
-	return c.SQL.Get(ctx, id)
+	return c.Cache.Get(ctx, id)
 }
 
 // lostRecord is the real request log whose Record fails, as if the

@@ -97,7 +97,7 @@ func TestNewStoreIsNoLoss(t *testing.T) {
 // A quarantined key deleted meanwhile is gone, not a failure.
 func TestLostKeyDeletedMeanwhile(t *testing.T) {
 	e := newEnv(t, key("a", "default", 1), key("b", "default", 1))
-	c := &flakyCatalog{SQL: e.cat}
+	c := &flakyCatalog{Cache: e.cat}
 	b := broker.New(c, e.store, &broker.Options{Logger: e.log})
 	allocate(t, b, req("default"))
 	require.NoError(t, e.store.DeleteKey(t.Context(), "a"))

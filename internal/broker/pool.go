@@ -127,8 +127,8 @@ func (p *poolRun) allocate(ctx context.Context, cands []catalog.Key) error {
 	return &optimistic.CapacityError{}
 }
 
-// rank orders cands best first, reading their live state from the store
-// in one round trip; it returns that state too.
+// rank orders cands best first, reading their live state (free slots,
+// last grant) from the store in one round trip; it returns that state too.
 func (p *poolRun) rank(ctx context.Context, cands []catalog.Key) ([]string, []optimistic.KeyInfo, error) {
 	infos, err := p.store.Inspect(ctx, ids(cands)...)
 	if err != nil {
@@ -138,7 +138,7 @@ func (p *poolRun) rank(ctx context.Context, cands []catalog.Key) ([]string, []op
 	for i, k := range cands {
 		rc[i] = Candidate{
 			ID: k.ID, Free: max(infos[i].Limit-infos[i].Live, 0), Limit: infos[i].Limit,
-			Status: k.Status, LastUsedAt: k.LastUsedAt, LastVerifiedAt: k.LastVerifiedAt,
+			Status: k.Status, LastUsedAt: later(k.LastUsedAt, infos[i].LastUsedAt), LastVerifiedAt: k.LastVerifiedAt,
 			Successes: k.Successes, Errors: k.Errors, RateLimitHits: k.RateLimitHits,
 		}
 		if !infos[i].Exists {
@@ -149,6 +149,15 @@ func (p *poolRun) rank(ctx context.Context, cands []catalog.Key) ([]string, []op
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.weights.Rank(rc, time.Now(), p.rng), infos, nil
+}
+
+// later is the later of two times: the catalog's last use of a key is
+// written behind, the store's is its last grant.
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }
 
 // repair syncs into the store every candidate whose store state differs
@@ -230,9 +239,10 @@ func differs(in optimistic.KeyInfo, want optimistic.KeyState) bool {
 		in.CooldownUntil.UnixMilli() != want.CooldownUntil.UnixMilli()
 }
 
-// confirm re-reads the granted key in the catalog. If it still exists,
+// confirm re-reads the granted key in the catalog (catalog.Cache reads
+// the generation, and the row only if it moved). If it still exists,
 // belongs to this provider and pool, is usable and serves the model, it
-// records last_used_at and fills the grant. Otherwise it gives the slot
+// notes last_used_at and fills the grant. Otherwise it gives the slot
 // back, brings the store in line with the catalog, and reports false.
 func (p *poolRun) confirm(ctx context.Context, lease optimistic.Lease) (bool, error) {
 	now := time.Now()
@@ -260,15 +270,7 @@ func (p *poolRun) confirm(ctx context.Context, lease optimistic.Lease) (bool, er
 		p.align(ctx, lease.KeyID, k, err == nil)
 		return false, nil
 	}
-	if err := p.catalog.MarkUsed(ctx, k.ID, now); err != nil {
-		if errors.Is(err, catalog.ErrNotFound) {
-			p.giveBack(ctx, lease, "deleted")
-			p.align(ctx, lease.KeyID, k, false)
-			return false, nil
-		}
-		p.giveBack(ctx, lease, "recording last use failed")
-		return false, catalogErr(ctx, "mark used", err)
-	}
+	p.catalog.MarkUsed(k.ID, now)
 	p.grant.Lease, p.grant.Secret = lease, k.Secret
 	return true, nil
 }

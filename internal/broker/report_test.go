@@ -47,7 +47,7 @@ func eventually(t *testing.T, what string, cond func() bool) {
 // is never granted in between as if nothing happened.
 func TestReportRecordsBeforeReleasing(t *testing.T) {
 	e := newEnv(t, key("a", "default", 1))
-	c := &flakyCatalog{SQL: e.cat}
+	c := &flakyCatalog{Cache: e.cat}
 	c.failReports.Store(1)
 	b := e.broker(c, e.store)
 	g := allocate(t, b, req("default"))

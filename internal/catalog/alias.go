@@ -21,12 +21,13 @@ func (s *SQL) SetAlias(ctx context.Context, provider, alias, model string) error
 	if err := CheckModel("model", model); err != nil {
 		return err
 	}
-	_, err := s.exec(ctx, `INSERT INTO catalog_model_aliases (provider, alias, model) VALUES (?, ?, ?)
-	ON CONFLICT (provider, alias) DO UPDATE SET model = excluded.model`, provider, alias, model)
-	if err != nil {
-		return fail(ctx, fmt.Sprintf("set alias %q of %s", alias, provider), err)
-	}
-	return nil
+	// No key row changes: a Cache reloads every alias when the generation
+	// moves.
+	return s.write(ctx, fmt.Sprintf("set alias %q of %s", alias, provider), func(tx *sql.Tx, _ int64) error {
+		_, err := tx.ExecContext(ctx, `INSERT INTO catalog_model_aliases (provider, alias, model) VALUES (?, ?, ?)
+		ON CONFLICT (provider, alias) DO UPDATE SET model = excluded.model`, provider, alias, model)
+		return err
+	})
 }
 
 // ResolveModel returns the canonical model that model names for provider:

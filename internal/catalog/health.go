@@ -18,37 +18,18 @@ const DefaultRetryAfter = 60 * time.Second
 // can be retried: a report is only taken for a lease still held.
 const ReportMemory = 24 * time.Hour
 
-// MarkUsed records that the key was handed out at at, or returns
-// ErrNotFound. LastUsedAt only moves later, so brokers with slightly skewed
-// clocks never move it back. UpdatedAt is left alone: a use is not a change
-// to the key.
-func (s *SQL) MarkUsed(ctx context.Context, id string, at time.Time) error {
-	if at.IsZero() {
-		return invalidf("used-at time of key %q: want non-zero", id)
-	}
-	ms := at.UnixMilli()
-	res, err := s.exec(ctx, `UPDATE catalog_keys
-	SET last_used_at = CASE WHEN last_used_at IS NULL OR last_used_at < ? THEN ? ELSE last_used_at END
-	WHERE id = ?`, ms, ms, id)
-	if err := found(res, err, id); err != nil {
-		return fail(ctx, fmt.Sprintf("mark key %q used", id), err)
-	}
-	return nil
-}
-
 // MarkSynced records that the key reached the lease store named store at
 // at, unless it had reached that store before: from then on, that store
 // lacking the key means it lost state (see Quarantine). A key synced to
 // another store before starts again. A missing key is ErrNotFound.
 func (s *SQL) MarkSynced(ctx context.Context, id, store string, at time.Time) error {
-	res, err := s.exec(ctx, `UPDATE catalog_keys SET
-		synced_at = CASE WHEN synced_store = ? AND synced_at IS NOT NULL THEN synced_at ELSE ? END,
-		synced_store = ?
-	WHERE id = ?`, store, at.UnixMilli(), store, id)
-	if err := found(res, err, id); err != nil {
-		return fail(ctx, fmt.Sprintf("mark key %q synced", id), err)
-	}
-	return nil
+	return s.write(ctx, fmt.Sprintf("mark key %q synced", id), func(tx *sql.Tx, gen int64) error {
+		res, err := tx.ExecContext(ctx, `UPDATE catalog_keys SET
+			synced_at = CASE WHEN synced_store = ? AND synced_at IS NOT NULL THEN synced_at ELSE ? END,
+			synced_store = ?, gen = ?
+		WHERE id = ?`, store, at.UnixMilli(), store, gen, id)
+		return found(res, err, id)
+	})
 }
 
 // Quarantine keeps the key from taking leases until until (or later, if it
@@ -59,12 +40,12 @@ func (s *SQL) MarkSynced(ctx context.Context, id, store string, at time.Time) er
 // ErrNotFound.
 func (s *SQL) Quarantine(ctx context.Context, id string, until, now time.Time) (Key, error) {
 	var k Key
-	err := s.inTx(ctx, fmt.Sprintf("quarantine key %q", id), func(tx *sql.Tx) error {
+	err := s.write(ctx, fmt.Sprintf("quarantine key %q", id), func(tx *sql.Tx, gen int64) error {
 		ms := until.UnixMilli()
 		res, err := tx.ExecContext(ctx, `UPDATE catalog_keys SET
 			quarantine_until = CASE WHEN quarantine_until IS NULL OR quarantine_until < ? THEN ? ELSE quarantine_until END,
-			updated_at = ?
-		WHERE id = ?`, ms, ms, now.UnixMilli(), id)
+			updated_at = ?, gen = ?
+		WHERE id = ?`, ms, ms, now.UnixMilli(), gen, id)
 		if err := found(res, err, id); err != nil {
 			return err
 		}
@@ -96,25 +77,26 @@ func (s *SQL) Quarantined(ctx context.Context, now time.Time) (int, time.Time, e
 // never undo a newer rate limit or quarantine. A missing key reports false.
 func (s *SQL) RecoverCooldown(ctx context.Context, id string, now time.Time) (bool, error) {
 	ms := now.UnixMilli()
-	res, err := s.exec(ctx, `UPDATE catalog_keys SET
-		status = CASE WHEN status IN (?, ?) AND cooldown_until IS NOT NULL AND cooldown_until <= ? THEN ? ELSE status END,
-		cooldown_until = CASE WHEN status IN (?, ?) AND cooldown_until IS NOT NULL AND cooldown_until <= ? THEN NULL ELSE cooldown_until END,
-		quarantine_until = CASE WHEN quarantine_until <= ? THEN NULL ELSE quarantine_until END,
-		updated_at = ?
-	WHERE id = ? AND (
-		(status IN (?, ?) AND cooldown_until IS NOT NULL AND cooldown_until <= ?) OR quarantine_until <= ?)`,
-		string(optimistic.StatusRateLimited), string(optimistic.StatusCooldown), ms, string(optimistic.StatusAvailable),
-		string(optimistic.StatusRateLimited), string(optimistic.StatusCooldown), ms,
-		ms, ms, id,
-		string(optimistic.StatusRateLimited), string(optimistic.StatusCooldown), ms, ms)
-	if err != nil {
-		return false, fail(ctx, fmt.Sprintf("recover key %q", id), err)
-	}
-	n, err := res.RowsAffected()
-	if err != nil {
-		return false, fail(ctx, fmt.Sprintf("recover key %q", id), err)
-	}
-	return n > 0, nil
+	var n int64
+	err := s.write(ctx, fmt.Sprintf("recover key %q", id), func(tx *sql.Tx, gen int64) error {
+		res, err := tx.ExecContext(ctx, `UPDATE catalog_keys SET
+			status = CASE WHEN status IN (?, ?) AND cooldown_until IS NOT NULL AND cooldown_until <= ? THEN ? ELSE status END,
+			cooldown_until = CASE WHEN status IN (?, ?) AND cooldown_until IS NOT NULL AND cooldown_until <= ? THEN NULL ELSE cooldown_until END,
+			quarantine_until = CASE WHEN quarantine_until <= ? THEN NULL ELSE quarantine_until END,
+			updated_at = ?, gen = ?
+		WHERE id = ? AND (
+			(status IN (?, ?) AND cooldown_until IS NOT NULL AND cooldown_until <= ?) OR quarantine_until <= ?)`,
+			string(optimistic.StatusRateLimited), string(optimistic.StatusCooldown), ms, string(optimistic.StatusAvailable),
+			string(optimistic.StatusRateLimited), string(optimistic.StatusCooldown), ms,
+			ms, ms, gen, id,
+			string(optimistic.StatusRateLimited), string(optimistic.StatusCooldown), ms, ms)
+		if err != nil {
+			return err
+		}
+		n, err = res.RowsAffected()
+		return err
+	})
+	return n > 0, err
 }
 
 // Report applies one outcome of a use of the key at now and returns the
@@ -166,8 +148,7 @@ func (s *SQL) Report(ctx context.Context, id, leaseID string, o Outcome, retryAf
 		return Key{}, invalidf("outcome: want success, error, rate_limited or auth_error")
 	}
 	var k Key
-	err := s.inTx(ctx, fmt.Sprintf("report %s on key %q", o, id), func(tx *sql.Tx) error {
-		// First a write, so SQLite takes its lock up front.
+	err := s.write(ctx, fmt.Sprintf("report %s on key %q", o, id), func(tx *sql.Tx, gen int64) error {
 		res, err := tx.ExecContext(ctx, `INSERT INTO catalog_reports (lease_id, key_id, outcome, reported_at)
 		VALUES (?, ?, ?, ?) ON CONFLICT (lease_id) DO NOTHING`, leaseID, id, string(o), ms)
 		if err != nil {
@@ -182,7 +163,7 @@ func (s *SQL) Report(ctx context.Context, id, leaseID string, o Outcome, retryAf
 		if _, err := tx.ExecContext(ctx, `DELETE FROM catalog_reports WHERE reported_at < ?`, now.Add(-ReportMemory).UnixMilli()); err != nil {
 			return err
 		}
-		res, err = tx.ExecContext(ctx, `UPDATE catalog_keys SET `+set+`, updated_at = ? WHERE id = ?`, append(args, ms, id)...)
+		res, err = tx.ExecContext(ctx, `UPDATE catalog_keys SET `+set+`, updated_at = ?, gen = ? WHERE id = ?`, append(args, ms, gen, id)...)
 		if err := found(res, err, id); err != nil {
 			return err
 		}

@@ -169,22 +169,6 @@ func TestRecoverCooldown(t *testing.T) {
 	require.False(t, changed)
 }
 
-func TestMarkUsed(t *testing.T) {
-	c, _ := newCatalog(t)
-	put(t, c, testKey("k1"))
-
-	updated := get(t, c, "k1").UpdatedAt
-	require.NoError(t, c.MarkUsed(t.Context(), "k1", t0))
-	require.Equal(t, t0, get(t, c, "k1").LastUsedAt)
-	require.Equal(t, updated, get(t, c, "k1").UpdatedAt)
-	require.NoError(t, c.MarkUsed(t.Context(), "k1", t0.Add(-time.Second)))
-	require.Equal(t, t0, get(t, c, "k1").LastUsedAt, "never moves back")
-	require.NoError(t, c.MarkUsed(t.Context(), "k1", t0.Add(time.Second)))
-	require.Equal(t, t0.Add(time.Second), get(t, c, "k1").LastUsedAt)
-
-	require.ErrorIs(t, c.MarkUsed(t.Context(), "k1", time.Time{}), optimistic.ErrInvalid)
-}
-
 // A lease counts once: reported again (a retry after its release failed)
 // it changes nothing. The memory of counted leases is pruned after
 // ReportMemory.

@@ -1,6 +1,7 @@
 package catalog_test
 
 import (
+	"context"
 	"database/sql"
 	"testing"
 
@@ -66,4 +67,13 @@ func get(t *testing.T, c *catalog.SQL, id string) catalog.Key {
 func noSecret(k catalog.Key) catalog.Key {
 	k.Secret = ""
 	return k
+}
+
+// newCache returns a Cache over c, closed when the test ends.
+func newCache(t *testing.T, c *catalog.SQL, opts *catalog.CacheOptions) *catalog.Cache {
+	t.Helper()
+	cc, err := catalog.NewCache(t.Context(), c, opts)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, cc.Close(context.Background())) })
+	return cc
 }

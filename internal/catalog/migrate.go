@@ -60,4 +60,25 @@ var schema = sqlitex.Schema{Table: "catalog_schema", Steps: [][]string{
 		`ALTER TABLE catalog_keys ADD COLUMN synced_store TEXT`,
 		`ALTER TABLE catalog_keys ADD COLUMN quarantine_until BIGINT`,
 	},
+	// The generation (see Cache): every write transaction takes the next
+	// one first and stamps the key rows it changes with it; a deleted key
+	// leaves a tombstone. A reader holding generation g reloads the rows
+	// and tombstones above g. pruned is the highest generation of a
+	// tombstone removed since: a reader below it reloads everything.
+	{
+		`CREATE TABLE catalog_generation (
+			id     INTEGER PRIMARY KEY,
+			gen    BIGINT NOT NULL,
+			pruned BIGINT NOT NULL
+		)`,
+		`INSERT INTO catalog_generation (id, gen, pruned) VALUES (1, 1, 0)`,
+		`ALTER TABLE catalog_keys ADD COLUMN gen BIGINT NOT NULL DEFAULT 1`,
+		`CREATE INDEX catalog_keys_gen ON catalog_keys (gen)`,
+		`CREATE TABLE catalog_tombstones (
+			key_id     TEXT NOT NULL,
+			gen        BIGINT NOT NULL,
+			deleted_at BIGINT NOT NULL
+		)`,
+		`CREATE INDEX catalog_tombstones_gen ON catalog_tombstones (gen)`,
+	},
 }}

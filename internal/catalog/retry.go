@@ -16,26 +16,31 @@ import (
 // a jittered pause.
 var busyPolicy = retry.Policy{}
 
-// inTx runs fn in one write transaction, queued on the database's write
-// gate with the lease store and the request log, and commits if fn
-// succeeds; otherwise it rolls back and nothing is written. A busy
-// transaction runs again, so fn must have no effect outside tx but
-// assigning its results. On SQLite fn's first statement should be a write:
-// starting with a read and then writing can fail busy at once instead of
-// waiting for the lock.
-func (s *SQL) inTx(ctx context.Context, op string, fn func(*sql.Tx) error) error {
-	return fail(ctx, op, s.db.Write(ctx, busyPolicy, func(tx *sql.Tx, _ int64) error { return fn(tx) }))
-}
+// nextGen takes the catalog's next generation: the first statement of
+// every write transaction, so SQLite takes its write lock up front and
+// PostgreSQL orders the writers on this row.
+const nextGen = `UPDATE catalog_generation SET gen = gen + 1 WHERE id = 1 RETURNING gen`
 
-// exec runs one write statement as a transaction of its own.
-func (s *SQL) exec(ctx context.Context, query string, args ...any) (sql.Result, error) {
-	var res sql.Result
+// write runs fn in one write transaction, queued on the database's write
+// gate with the lease store and the request log, and commits if fn
+// succeeds; otherwise it rolls back and nothing is written. The
+// transaction first takes the next generation, gen, and fn stamps every
+// key row it changes with it (gen = ?): that is how a Cache, in this
+// process or another, learns what changed. A busy transaction runs again,
+// so fn must have no effect outside tx but assigning its results.
+func (s *SQL) write(ctx context.Context, op string, fn func(tx *sql.Tx, gen int64) error) error {
 	err := s.db.Write(ctx, busyPolicy, func(tx *sql.Tx, _ int64) error {
-		var err error
-		res, err = tx.ExecContext(ctx, query, args...)
-		return err
+		var gen int64
+		if err := tx.QueryRowContext(ctx, nextGen).Scan(&gen); err != nil {
+			return err
+		}
+		return fn(tx, gen)
 	})
-	return res, err
+	if err != nil {
+		return fail(ctx, op, err)
+	}
+	s.writes.Add(1)
+	return nil
 }
 
 // fail classifies a database error the way the lease stores do, so one

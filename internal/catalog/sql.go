@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/credpool/credpool/internal/sqlitex"
@@ -31,6 +32,9 @@ import (
 type SQL struct {
 	db     *sqlitex.DB
 	sealer *Sealer
+	// writes counts this process's committed writes: a Cache on s checks
+	// the generation again after one.
+	writes atomic.Int64
 }
 
 // Options configure a catalog. A nil *Options means all defaults.
@@ -74,8 +78,8 @@ func (s *SQL) Ping(ctx context.Context) error {
 
 const upsertKey = `INSERT INTO catalog_keys (
 	id, provider, pool, secret, status, cooldown_until, max_concurrent_uses,
-	last_used_at, last_verified_at, successes, errors, rate_limit_hits, created_at, updated_at
-) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+	last_used_at, last_verified_at, successes, errors, rate_limit_hits, created_at, updated_at, gen
+) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (id) DO UPDATE SET
 	provider = excluded.provider,
 	pool = excluded.pool,
@@ -89,7 +93,8 @@ ON CONFLICT (id) DO UPDATE SET
 	errors = CASE WHEN excluded.errors = 0 THEN catalog_keys.errors ELSE excluded.errors END,
 	rate_limit_hits = CASE WHEN excluded.rate_limit_hits = 0 THEN catalog_keys.rate_limit_hits ELSE excluded.rate_limit_hits END,
 	created_at = COALESCE(?, catalog_keys.created_at),
-	updated_at = excluded.updated_at`
+	updated_at = excluded.updated_at,
+	gen = excluded.gen`
 
 // Put creates or replaces the key with k's id and returns it as stored,
 // without its secret: models sorted and deduplicated, times truncated to
@@ -118,11 +123,11 @@ func (s *SQL) Put(ctx context.Context, k Key) (Key, error) {
 		}
 	}
 	var stored Key
-	err := s.inTx(ctx, "put key "+k.ID, func(tx *sql.Tx) error {
+	err := s.write(ctx, "put key "+k.ID, func(tx *sql.Tx, gen int64) error {
 		if _, err := tx.ExecContext(ctx, upsertKey,
 			k.ID, k.Provider, k.Pool, secret, string(k.Status), millis(k.CooldownUntil), k.MaxConcurrentUses,
 			millis(k.LastUsedAt), millis(k.LastVerifiedAt), k.Successes, k.Errors, k.RateLimitHits,
-			insertCreated, now, created,
+			insertCreated, now, gen, created,
 		); err != nil {
 			return err
 		}
@@ -178,12 +183,8 @@ func (s *SQL) Rekey(ctx context.Context) (sealed int, skipped []string, err erro
 	if s.sealer == nil {
 		return 0, nil, errors.New("catalog: rekey: no sealer")
 	}
-	err = s.inTx(ctx, "rekey secrets", func(tx *sql.Tx) error {
+	err = s.write(ctx, "rekey secrets", func(tx *sql.Tx, gen int64) error {
 		sealed, skipped = 0, nil
-		// A write first: SQLite takes its write lock up front.
-		if _, err := tx.ExecContext(ctx, `UPDATE catalog_keys SET secret = secret WHERE 0`); err != nil {
-			return err
-		}
 		stale, err := s.stale(ctx, tx)
 		if err != nil {
 			return err
@@ -198,7 +199,7 @@ func (s *SQL) Rekey(ctx context.Context) (sealed int, skipped []string, err erro
 			if err != nil {
 				return err
 			}
-			if _, err := tx.ExecContext(ctx, `UPDATE catalog_keys SET secret = ? WHERE id = ?`, resealed, row.id); err != nil {
+			if _, err := tx.ExecContext(ctx, `UPDATE catalog_keys SET secret = ?, gen = ? WHERE id = ?`, resealed, gen, row.id); err != nil {
 				return err
 			}
 			sealed++
@@ -252,14 +253,33 @@ func (s *SQL) List(ctx context.Context, provider, pool string) ([]Key, error) {
 	return keys, nil
 }
 
-// Delete removes the key and its models, or returns ErrNotFound.
+// tombstoneMemory is how long a deleted key's tombstone is kept: a Cache
+// that last looked longer ago than that reloads every key.
+const tombstoneMemory = time.Hour
+
+// Delete removes the key and its models, or returns ErrNotFound. It leaves
+// a tombstone for Caches to see, and prunes those older than
+// tombstoneMemory.
 func (s *SQL) Delete(ctx context.Context, id string) error {
-	return s.inTx(ctx, fmt.Sprintf("delete key %q", id), func(tx *sql.Tx) error {
+	return s.write(ctx, fmt.Sprintf("delete key %q", id), func(tx *sql.Tx, gen int64) error {
 		res, err := tx.ExecContext(ctx, `DELETE FROM catalog_keys WHERE id = ?`, id)
 		if err := found(res, err, id); err != nil {
 			return err
 		}
-		_, err = tx.ExecContext(ctx, `DELETE FROM catalog_key_models WHERE key_id = ?`, id)
+		if _, err = tx.ExecContext(ctx, `DELETE FROM catalog_key_models WHERE key_id = ?`, id); err != nil {
+			return err
+		}
+		now := time.Now().UnixMilli()
+		if _, err = tx.ExecContext(ctx, `INSERT INTO catalog_tombstones (key_id, gen, deleted_at) VALUES (?, ?, ?)`,
+			id, gen, now); err != nil {
+			return err
+		}
+		old := now - tombstoneMemory.Milliseconds()
+		if _, err = tx.ExecContext(ctx, `UPDATE catalog_generation SET pruned = CASE WHEN x.gen > pruned THEN x.gen ELSE pruned END
+			FROM (SELECT MAX(gen) AS gen FROM catalog_tombstones WHERE deleted_at < ?) AS x WHERE id = 1 AND x.gen IS NOT NULL`, old); err != nil {
+			return err
+		}
+		_, err = tx.ExecContext(ctx, `DELETE FROM catalog_tombstones WHERE deleted_at < ?`, old)
 		return err
 	})
 }

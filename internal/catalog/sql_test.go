@@ -54,7 +54,9 @@ func TestPutKeepsHistory(t *testing.T) {
 	require.NoError(t, err)
 	_, err = c.Report(t.Context(), "k1", uuid.NewString(), catalog.OutcomeRateLimited, time.Second, now)
 	require.NoError(t, err)
-	require.NoError(t, c.MarkUsed(t.Context(), "k1", now))
+	cc := newCache(t, c, nil)
+	cc.MarkUsed("k1", now)
+	require.NoError(t, cc.Flush(t.Context()))
 
 	// An admin upsert with zero history changes the config and keeps the rest.
 	k = testKey("k1")
@@ -198,8 +200,11 @@ func TestNotFound(t *testing.T) {
 			_, err := c.Get(t.Context(), "nope")
 			return err
 		},
-		"Delete":   func() error { return c.Delete(t.Context(), "nope") },
-		"MarkUsed": func() error { return c.MarkUsed(t.Context(), "nope", now) },
+		"Delete": func() error { return c.Delete(t.Context(), "nope") },
+		"Key": func() error {
+			_, err := c.Key(t.Context(), "nope")
+			return err
+		},
 		"Report": func() error {
 			_, err := c.Report(t.Context(), "nope", uuid.NewString(), catalog.OutcomeSuccess, 0, now)
 			return err

@@ -88,6 +88,8 @@ type Server struct {
 	StoreName string
 
 	broker     *broker.Broker
+	cache      *catalog.Cache
+	log        *slog.Logger
 	closeStore func()
 }
 
@@ -138,7 +140,12 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	cfg.Logger.Info("catalog synced into the lease store", "keys", n)
 
-	var brokerCat broker.Catalog = cat
+	cache, err := catalog.NewCache(ctx, cat, &catalog.CacheOptions{Logger: cfg.Logger})
+	if err != nil {
+		st.close()
+		return nil, err
+	}
+	var brokerCat broker.Catalog = cache
 	if cfg.WrapCatalog != nil {
 		brokerCat = cfg.WrapCatalog(brokerCat)
 	}
@@ -160,17 +167,22 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	})
 	if err != nil {
 		brk.Close(ctx)
+		_ = cache.Close(ctx)
 		st.close()
 		return nil, err
 	}
-	return &Server{Handler: h, Catalog: cat, Admin: admin, StoreName: st.name, broker: brk, closeStore: st.close}, nil
+	return &Server{Handler: h, Catalog: cat, Admin: admin, StoreName: st.name, broker: brk, cache: cache, log: cfg.Logger, closeStore: st.close}, nil
 }
 
 // Close gives the releases that met a store failure one last try under
-// ctx, then closes the lease store's client. Releases still failing are
-// left to expire (see Backlog).
+// ctx, writes the uses the catalog cache holds (counters and last use),
+// then closes the lease store's client. Releases still failing are left
+// to expire (see Backlog); uses that cannot be written are logged as lost.
 func (s *Server) Close(ctx context.Context) {
 	s.broker.Close(ctx)
+	if err := s.cache.Close(ctx); err != nil {
+		s.log.Warn("catalog: uses of the last moments not written", "err", err)
+	}
 	s.closeStore()
 }
 

@@ -62,9 +62,10 @@ func openStore(ctx context.Context, cfg Config) (leaseStore, error) {
 		}
 		requests, err := requestlog.NewSQLite(ctx, cfg.DB)
 		if err != nil {
+			_ = s.Close()
 			return leaseStore{}, err
 		}
-		return leaseStore{name: "sqlite", id: "sqlite", leases: s, requests: requests, close: func() {}}, nil
+		return leaseStore{name: "sqlite", id: "sqlite", leases: s, requests: requests, close: func() { _ = s.Close() }}, nil
 	}
 	rdb, id, err := redisClient(cfg.RedisURL, cfg.RedisCluster)
 	if err != nil {

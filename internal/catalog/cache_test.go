@@ -1,0 +1,317 @@
+package catalog_test
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/credpool/credpool/internal/catalog"
+	"github.com/credpool/credpool/optimistic"
+)
+
+// twoProcesses returns two catalogs on one file, each with its own
+// connections, as two processes sharing the database have.
+func twoProcesses(t *testing.T, opts *catalog.Options) (here, there *catalog.SQL) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "credpool.db")
+	var err error
+	here, err = catalog.New(t.Context(), openDB(t, path), opts)
+	require.NoError(t, err)
+	there, err = catalog.New(t.Context(), openDB(t, path), opts)
+	require.NoError(t, err)
+	return here, there
+}
+
+// hour keeps List on the snapshot it has: only the generation check of
+// Key, Get and ResolveModel can see another process's change.
+var hour = &catalog.CacheOptions{MaxAge: time.Hour}
+
+// Every kind of write made by another process is seen by the next Key or
+// Get: the re-check after a grant never reads a stale key.
+func TestCacheSeesEveryWriteAtOnce(t *testing.T) {
+	for _, tt := range []struct {
+		name  string
+		write func(t *testing.T, c *catalog.SQL)
+		check func(t *testing.T, k catalog.Key, err error)
+	}{
+		{"put", func(t *testing.T, c *catalog.SQL) {
+			k := testKey("k1")
+			k.Status, k.Secret = optimistic.StatusDisabled, "sk-rotated"
+			put(t, c, k)
+		}, func(t *testing.T, k catalog.Key, err error) {
+			require.NoError(t, err)
+			require.Equal(t, optimistic.StatusDisabled, k.Status)
+			require.Equal(t, "sk-rotated", k.Secret.Reveal())
+		}},
+		{"delete", func(t *testing.T, c *catalog.SQL) {
+			require.NoError(t, c.Delete(t.Context(), "k1"))
+		}, func(t *testing.T, _ catalog.Key, err error) {
+			require.ErrorIs(t, err, catalog.ErrNotFound)
+		}},
+		{"report", func(t *testing.T, c *catalog.SQL) {
+			_, err := c.Report(t.Context(), "k1", "lease-1", catalog.OutcomeAuthError, 0, t0)
+			require.NoError(t, err)
+		}, func(t *testing.T, k catalog.Key, err error) {
+			require.NoError(t, err)
+			require.Equal(t, optimistic.StatusDisabled, k.Status)
+		}},
+		{"quarantine", func(t *testing.T, c *catalog.SQL) {
+			_, err := c.Quarantine(t.Context(), "k1", t0.Add(time.Hour), t0)
+			require.NoError(t, err)
+		}, func(t *testing.T, k catalog.Key, err error) {
+			require.NoError(t, err)
+			require.Equal(t, t0.Add(time.Hour), k.QuarantineUntil)
+		}},
+		{"recover", func(t *testing.T, c *catalog.SQL) {
+			_, err := c.Quarantine(t.Context(), "k1", t0, t0)
+			require.NoError(t, err)
+			changed, err := c.RecoverCooldown(t.Context(), "k1", t0)
+			require.NoError(t, err)
+			require.True(t, changed)
+		}, func(t *testing.T, k catalog.Key, err error) {
+			require.NoError(t, err)
+			require.True(t, k.QuarantineUntil.IsZero())
+		}},
+		{"mark synced", func(t *testing.T, c *catalog.SQL) {
+			require.NoError(t, c.MarkSynced(t.Context(), "k1", "redis-a", t0))
+		}, func(t *testing.T, k catalog.Key, err error) {
+			require.NoError(t, err)
+			require.Equal(t, "redis-a", k.SyncedStore)
+		}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			here, there := twoProcesses(t, nil)
+			put(t, there, testKey("k1"))
+			c := newCache(t, here, hour)
+			k, err := c.Get(t.Context(), "k1")
+			require.NoError(t, err)
+			require.Equal(t, secret, k.Secret.Reveal())
+
+			tt.write(t, there)
+			k, err = c.Get(t.Context(), "k1")
+			tt.check(t, k, err)
+			k, err = c.Key(t.Context(), "k1")
+			if err == nil {
+				require.Empty(t, k.Secret.Reveal(), "Key reads no secret")
+			}
+		})
+	}
+}
+
+// List trusts a snapshot for MaxAge; a change made elsewhere reaches it
+// after that, and after any ResolveModel, Key or Get at once: a request
+// resolves its model first, so it ranks on the catalog of its start.
+func TestCacheListWithinMaxAge(t *testing.T) {
+	here, there := twoProcesses(t, nil)
+	put(t, there, testKey("k1"))
+	c := newCache(t, here, &catalog.CacheOptions{MaxAge: 10 * time.Millisecond})
+	put(t, there, testKey("k2"))
+	require.Eventually(t, func() bool {
+		keys, err := c.List(t.Context(), "openai", "default")
+		require.NoError(t, err)
+		return len(keys) == 2
+	}, 10*time.Second, time.Millisecond)
+
+	c = newCache(t, here, hour)
+	require.NoError(t, there.SetAlias(t.Context(), "openai", "latest", "gpt-4o"))
+	put(t, there, testKey("k3"))
+	model, err := c.ResolveModel(t.Context(), "openai", "latest")
+	require.NoError(t, err)
+	require.Equal(t, "gpt-4o", model)
+	keys, err := c.List(t.Context(), "openai", "default")
+	require.NoError(t, err)
+	require.Len(t, keys, 3)
+
+	keys, err = c.List(t.Context(), "", "")
+	require.NoError(t, err)
+	for _, k := range keys {
+		require.Empty(t, k.Secret.Reveal(), "listed keys carry no secret")
+	}
+}
+
+// This process's own writes reach every read at once, MaxAge or not.
+func TestCacheSeesOwnWritesAtOnce(t *testing.T) {
+	c, _ := newCatalog(t)
+	cc := newCache(t, c, hour)
+	put(t, c, testKey("k1"))
+	require.NoError(t, c.SetAlias(t.Context(), "openai", "latest", "gpt-4o"))
+
+	keys, err := cc.List(t.Context(), "openai", "default")
+	require.NoError(t, err)
+	require.Len(t, keys, 1)
+	model, err := cc.ResolveModel(t.Context(), "openai", "latest")
+	require.NoError(t, err)
+	require.Equal(t, "gpt-4o", model)
+
+	require.NoError(t, c.Delete(t.Context(), "k1"))
+	keys, err = cc.List(t.Context(), "", "")
+	require.NoError(t, err)
+	require.Empty(t, keys)
+}
+
+// A cache that last looked before tombstones it needed were pruned
+// reloads every key, so a deleted key never lingers in it.
+func TestCacheReloadsAllAfterTombstonesPruned(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "credpool.db")
+	here, err := catalog.New(t.Context(), openDB(t, path), nil)
+	require.NoError(t, err)
+	db := openDB(t, path)
+	there, err := catalog.New(t.Context(), db, nil)
+	require.NoError(t, err)
+	put(t, there, testKey("gone"))
+	put(t, there, testKey("also-gone"))
+	put(t, there, testKey("kept"))
+	c := newCache(t, here, hour)
+
+	require.NoError(t, there.Delete(t.Context(), "gone"))
+	// Age the tombstone past its memory; the next delete prunes it.
+	_, err = db.ExecContext(t.Context(), `UPDATE catalog_tombstones SET deleted_at = 0`)
+	require.NoError(t, err)
+	require.NoError(t, there.Delete(t.Context(), "also-gone"))
+
+	for _, id := range []string{"gone", "also-gone"} {
+		_, err := c.Key(t.Context(), id)
+		require.ErrorIs(t, err, catalog.ErrNotFound, id)
+	}
+	_, err = c.Key(t.Context(), "kept")
+	require.NoError(t, err)
+}
+
+// Uses are written behind: nothing until a flush, then each lease counts
+// once, last_used_at only moves later, and a lease already counted by
+// Report counts nothing more.
+func TestCacheWritesUsesBehind(t *testing.T) {
+	c, _ := newCatalog(t)
+	put(t, c, testKey("k1"))
+	cc := newCache(t, c, nil)
+
+	cc.MarkUsed("k1", t0)
+	cc.MarkUsed("k1", t0.Add(-time.Second))
+	for _, r := range []struct {
+		lease string
+		o     catalog.Outcome
+	}{{"lease-1", catalog.OutcomeSuccess}, {"lease-1", catalog.OutcomeSuccess}, {"lease-2", catalog.OutcomeError}, {"lease-2", catalog.OutcomeRateLimited}} {
+		k, err := cc.Report(t.Context(), "k1", r.lease, r.o, time.Minute, t0)
+		require.NoError(t, err)
+		require.Equal(t, optimistic.StatusAvailable, k.Status, "a lease counts once: the rate limit came after its error")
+	}
+	_, err := c.Report(t.Context(), "k1", "lease-3", catalog.OutcomeRateLimited, time.Minute, t0)
+	require.NoError(t, err)
+	_, err = cc.Report(t.Context(), "k1", "lease-3", catalog.OutcomeSuccess, 0, t0)
+	require.NoError(t, err)
+
+	k := get(t, c, "k1")
+	require.Zero(t, k.Successes+k.Errors, "not written before the flush")
+	require.True(t, k.LastUsedAt.IsZero())
+	updated := k.UpdatedAt
+
+	require.NoError(t, cc.Flush(t.Context()))
+	k = get(t, c, "k1")
+	require.Equal(t, []int64{1, 1, 1}, []int64{k.Successes, k.Errors, k.RateLimitHits})
+	require.Equal(t, t0, k.LastUsedAt)
+	require.Equal(t, updated, k.UpdatedAt, "a use is not a change to the key")
+
+	_, err = cc.Report(t.Context(), "k1", "lease-1", catalog.OutcomeSuccess, 0, t0)
+	require.NoError(t, err)
+	cc.MarkUsed("k1", t0.Add(-time.Hour))
+	require.NoError(t, cc.Flush(t.Context()))
+	k = get(t, c, "k1")
+	require.Equal(t, int64(1), k.Successes, "lease-1 was counted by the first flush")
+	require.Equal(t, t0, k.LastUsedAt, "never moves back")
+}
+
+func TestCacheReportChecks(t *testing.T) {
+	c, _ := newCatalog(t)
+	put(t, c, testKey("k1"))
+	cc := newCache(t, c, nil)
+	_, err := cc.Report(t.Context(), "nope", "lease-1", catalog.OutcomeSuccess, 0, t0)
+	require.ErrorIs(t, err, catalog.ErrNotFound)
+	_, err = cc.Report(t.Context(), "k1", "", catalog.OutcomeSuccess, 0, t0)
+	require.ErrorIs(t, err, optimistic.ErrInvalid)
+	_, err = cc.Report(t.Context(), "k1", "lease-1", "timeout", 0, t0)
+	require.ErrorIs(t, err, optimistic.ErrInvalid)
+}
+
+// A flush that fails keeps the batch for the next one; a key deleted
+// meanwhile does not stop the others from counting; Close flushes.
+func TestCacheFlushFailureKeepsUses(t *testing.T) {
+	c, _ := newCatalog(t)
+	put(t, c, testKey("k1"))
+	put(t, c, testKey("k2"))
+	cc, err := catalog.NewCache(t.Context(), c, &catalog.CacheOptions{FlushEvery: time.Hour})
+	require.NoError(t, err)
+	_, err = cc.Report(t.Context(), "k1", "lease-1", catalog.OutcomeSuccess, 0, t0)
+	require.NoError(t, err)
+	_, err = cc.Report(t.Context(), "k2", "lease-2", catalog.OutcomeSuccess, 0, t0)
+	require.NoError(t, err)
+
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	require.Error(t, cc.Flush(ctx))
+	require.Zero(t, get(t, c, "k1").Successes)
+
+	require.NoError(t, c.Delete(t.Context(), "k2"))
+	require.NoError(t, cc.Close(t.Context()))
+	require.Equal(t, int64(1), get(t, c, "k1").Successes)
+}
+
+// Readers, the writer and another process's writes at once (run with
+// -race); once the writes stop, the next Key sees the last of them.
+func TestCacheConcurrent(t *testing.T) {
+	here, there := twoProcesses(t, nil)
+	put(t, there, testKey("k1"))
+	c := newCache(t, here, &catalog.CacheOptions{MaxAge: time.Millisecond, FlushEvery: 100 * time.Millisecond})
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range 4 {
+		wg.Go(func() {
+			for n := 0; ; n++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				_, err := c.List(t.Context(), "openai", "default")
+				require.NoError(t, err)
+				_, err = c.Get(t.Context(), "k1")
+				require.NoError(t, err)
+				c.MarkUsed("k1", time.Now())
+				_, err = c.Report(t.Context(), "k1", fmt.Sprintf("lease-%d-%d", i, n%10), catalog.OutcomeSuccess, 0, time.Now())
+				require.NoError(t, err)
+			}
+		})
+	}
+	k := testKey("k1")
+	for i := range 50 {
+		k.MaxConcurrentUses = i + 1
+		put(t, there, k)
+	}
+	close(stop)
+	wg.Wait()
+	got, err := c.Key(t.Context(), "k1")
+	require.NoError(t, err)
+	require.Equal(t, 50, got.MaxConcurrentUses)
+}
+
+// A catalog whose generation went back (restored from a backup) is
+// reloaded whole.
+func TestCacheReloadsAllAfterRestore(t *testing.T) {
+	c, db := newCatalog(t)
+	put(t, c, testKey("k1"))
+	put(t, c, testKey("k2"))
+	cc := newCache(t, c, hour)
+	_, err := db.ExecContext(t.Context(), `DELETE FROM catalog_keys WHERE id = 'k1'`)
+	require.NoError(t, err)
+	_, err = db.ExecContext(t.Context(), `UPDATE catalog_generation SET gen = 1`)
+	require.NoError(t, err)
+
+	_, err = cc.Key(t.Context(), "k1")
+	require.ErrorIs(t, err, catalog.ErrNotFound)
+	_, err = cc.Key(t.Context(), "k2")
+	require.NoError(t, err)
+}

@@ -1,0 +1,160 @@
+package test
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/credpool/credpool/internal/catalog"
+	"github.com/credpool/credpool/internal/sqlitex"
+	"github.com/credpool/credpool/optimistic"
+)
+
+// The catalog is cached in memory on the request path (catalog.Cache), and
+// still: a key disabled through the admin API is never granted to a
+// request that starts after the admin call returned. 64 clients allocate
+// and release in a loop while the key is disabled; on one service, and on
+// two services sharing the catalog file and the lease store, with the
+// disable sent to one and the requests spread over both. With direct, the
+// disable is written to the catalog file by another process and never
+// reaches the lease store: only the re-check after the grant, on the
+// cache, stands between the key and the callers.
+func TestHTTPDisableUnderLoad(t *testing.T) {
+	for _, tt := range []struct {
+		name   string
+		sqlite bool
+		two    bool
+		direct bool
+	}{
+		{"redis", false, false, false}, {"sqlite", true, false, false},
+		{"redis, two services", false, true, false}, {"sqlite, two services", true, true, false},
+		{"redis, catalog written elsewhere", false, false, true},
+		{"sqlite, catalog written elsewhere", true, false, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			a := startService(t, serviceOptions{sqlite: tt.sqlite})
+			services := []*service{a}
+			if tt.two {
+				services = append(services, startService(t, serviceOptions{sqlite: tt.sqlite, dir: a.dir, redis: a.redis}))
+			}
+			for i := range 4 {
+				a.putKey(t, fmt.Sprintf("k%d", i), "default", 5, nil)
+			}
+
+			type grant struct {
+				key   string
+				start time.Time
+			}
+			var (
+				mu     sync.Mutex
+				grants []grant
+				errs   []error
+				stop   = make(chan struct{})
+				wg     sync.WaitGroup
+			)
+			client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}, Timeout: 10 * time.Second}
+			t.Cleanup(client.CloseIdleConnections)
+			for i := range 64 {
+				s := services[i%len(services)]
+				wg.Go(func() {
+					for {
+						select {
+						case <-stop:
+							return
+						default:
+						}
+						start := time.Now()
+						code, g, err := post(client, s.url+"/api/internal/allocate-key", allocBody("default"))
+						if err == nil && code == http.StatusOK {
+							_, _, err = post(client, s.url+"/api/internal/release", leaseBody(g))
+						}
+						mu.Lock()
+						if err != nil {
+							errs = append(errs, err)
+						}
+						if code == http.StatusOK {
+							grants = append(grants, grant{g["key_id"].(string), start})
+						}
+						mu.Unlock()
+					}
+				})
+			}
+			time.Sleep(300 * time.Millisecond)
+			if tt.direct {
+				disableElsewhere(t, a.dir, "k0")
+			} else {
+				a.putKey(t, "k0", "default", 5, map[string]any{"status": "disabled"})
+			}
+			returned := time.Now()
+			time.Sleep(300 * time.Millisecond)
+			close(stop)
+			wg.Wait()
+
+			require.Empty(t, errs)
+			var before, after, others int
+			for _, g := range grants {
+				switch {
+				case g.key != "k0" && g.start.After(returned):
+					others++
+				case g.key != "k0":
+				case g.start.After(returned):
+					after++
+				default:
+					before++
+				}
+			}
+			require.Positive(t, before, "k0 was in use before the disable")
+			require.Positive(t, others, "the other keys are granted after it")
+			require.Zero(t, after, "k0 granted to a request that started after the disable returned")
+		})
+	}
+}
+
+// post sends body as JSON with the internal key and decodes the answer.
+func post(c *http.Client, url string, body any) (int, map[string]any, error) {
+	raw, err := json.Marshal(body)
+	if err != nil {
+		return 0, nil, err
+	}
+	req, err := http.NewRequest(http.MethodPost, url, bytes.NewReader(raw))
+	if err != nil {
+		return 0, nil, err
+	}
+	req.Header.Set("X-Internal-Key", internalKey)
+	resp, err := c.Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	var out map[string]any
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		return resp.StatusCode, nil, err
+	}
+	return resp.StatusCode, out, nil
+}
+
+// disableElsewhere disables a key in the catalog file in dir, through a
+// connection of its own, as another process would: the lease store is not
+// told.
+func disableElsewhere(t *testing.T, dir, id string) {
+	t.Helper()
+	db, err := sqlitex.Open(filepath.Join(dir, "credpool.db"))
+	require.NoError(t, err)
+	defer db.Close()
+	sealer, err := catalog.NewSealer(bytes.Repeat([]byte{7}, 32))
+	require.NoError(t, err)
+	c, err := catalog.New(t.Context(), db, &catalog.Options{Sealer: sealer})
+	require.NoError(t, err)
+	k, err := c.Get(t.Context(), id)
+	require.NoError(t, err)
+	k.Status = optimistic.StatusDisabled
+	_, err = c.Put(t.Context(), k)
+	require.NoError(t, err)
+}
