@@ -11,5 +11,10 @@
 // as "credpool bench -worker"), which share one holder count through a
 // memory-mapped file and hand their results back as JSON on stdout.
 //
+// RunService is the service benchmark: credpool serve (ServiceConfig.Serve,
+// credpool's own binary again) as a process on loopback, on SQLite or on
+// Redis, driven over HTTP through allocate and report cycles, against the
+// same lease store alone under the harness, in the same run.
+//
 // The workload itself is package workload; the outputs are package report.
 package bench

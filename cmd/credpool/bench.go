@@ -16,85 +16,130 @@ import (
 	"github.com/credpool/credpool/bench/workload"
 )
 
+// benchArgs is a parsed "credpool bench" command line: the standard
+// harness (suite), the service benchmark (service set, svc) or a worker.
+type benchArgs struct {
+	worker  bool
+	service bool
+	suite   bench.Config
+	svc     bench.ServiceConfig
+}
+
 // runBench is "credpool bench": with no grid flags it runs the standard
-// suite. With -worker it is one worker process of a multi-process cell,
-// started by the harness itself.
+// suite, with -service the service benchmark. With -worker it is one
+// worker process of a multi-process cell, started by the harness itself.
 func runBench(args []string) error {
-	std := bench.Standard()
-	var (
-		strategies, scenarios, workers, limits, procs, rates, holdDist string
-		cfg                                                            bench.Config
-		grid                                                           = std
-		worker                                                         bool
-	)
-	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
-	fs.StringVar(&strategies, "strategies", "optimistic,lua", "lease stores to compare: optimistic, lua, sqlite")
-	fs.StringVar(&cfg.RedisURL, "redis", "", "Redis URL for the Redis strategies; empty starts a throwaway redis-server on loopback")
-	fs.BoolVar(&cfg.AllowRemote, "allow-remote", false, "allow a --redis server that is not on loopback (the harness loads it hard)")
-	fs.StringVar(&cfg.OutDir, "out", "", "directory for results.json, results.csv, summary.md and plots/ (empty: stdout only)")
-	fs.Uint64Var(&cfg.Seed, "seed", 1, "seed of the callers' random choices")
-	fs.StringVar(&scenarios, "scenarios", strings.Join(std.Scenarios, ","), "scenarios: uniform, zipf, hot, identical")
-	fs.StringVar(&workers, "workers", joinInts(std.Workers), "concurrent callers in total (over all processes)")
-	fs.StringVar(&limits, "limits", joinInts(std.Limits), "max_concurrent_uses of every key")
-	fs.StringVar(&procs, "procs", joinInts(std.Procs), "OS processes sharing the callers")
-	fs.StringVar(&rates, "rates", "0", "open-loop offered allocations/s over all processes; 0 is a closed loop")
-	fs.IntVar(&grid.Keys, "keys", 0, "number of keys (0: the scenario's)")
-	fs.IntVar(&grid.Candidates, "candidates", 0, "candidates per call (0: the scenario's)")
-	fs.DurationVar(&grid.Hold, "hold", std.Hold, "hold time of a granted slot (the mean with -hold-dist exp)")
-	fs.StringVar(&holdDist, "hold-dist", string(std.HoldDist), "hold time distribution: fixed or exp")
-	fs.DurationVar(&grid.Duration, "duration", std.Duration, "length of each run (also bounds -ops)")
-	fs.Int64Var(&grid.Ops, "ops", 0, "allocations per run over all processes (0: until -duration)")
-	fs.Float64Var(&grid.CrashShare, "crash", 0, "share of grants never released (left to expire)")
-	fs.DurationVar(&grid.TTL, "ttl", std.TTL, "lease length; far longer than any hold")
-	fs.DurationVar(&grid.Pause, "pause", std.Pause, "closed loop: pause (±50%) after no slot, a give-up or an error")
-	fs.BoolVar(&worker, "worker", false, "internal: run as a worker process of the harness")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil
-		}
-		return err
+	b, err := parseBench(args)
+	if errors.Is(err, flag.ErrHelp) {
+		return nil
 	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("bench: unexpected argument %q", fs.Arg(0))
+	if err != nil {
+		return err
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	if worker {
+	if b.worker {
 		return bench.Worker(ctx, os.Stdin, os.Stdout, bench.Strategies())
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("bench: find this binary to start workers or the service: %w", err)
+	}
+	start := time.Now()
+	var runs int
+	if b.service {
+		cfg := b.svc
+		cfg.Serve = []string{exe, "serve"}
+		cfg.Args = os.Args
+		cfg.Stdout, cfg.Progress = os.Stdout, os.Stderr
+		runs = 2 * cfg.Reps * len(cfg.Strategies) * len(cfg.Limits) * len(cfg.Workers)
+		_, err = bench.RunService(ctx, cfg)
+	} else {
+		cfg := b.suite
+		cfg.Worker = []string{exe, "bench", "-worker"}
+		cfg.Args = os.Args
+		cfg.Stdout, cfg.Progress = os.Stdout, os.Stderr
+		runs = len(cfg.Cells) * len(cfg.Strategies)
+		_, err = bench.Run(ctx, cfg)
+	}
+	fmt.Fprintf(os.Stderr, "credpool bench: %d runs in %s\n", runs, time.Since(start).Round(time.Second))
+	return err
+}
+
+// parseBench reads the flags; -h is flag.ErrHelp.
+func parseBench(args []string) (benchArgs, error) {
+	std := bench.Standard()
+	var (
+		strategies, scenarios, workers, limits, procs, rates, holdDist string
+		b                                                              benchArgs
+		cfg                                                            = &b.suite
+		grid                                                           = std
+	)
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.StringVar(&strategies, "strategies", "optimistic,lua", "lease stores to compare: optimistic, lua, sqlite (-service: "+serviceStrategies+")")
+	fs.StringVar(&cfg.RedisURL, "redis", "", "Redis URL for the Redis strategies; empty starts a throwaway redis-server on loopback")
+	fs.BoolVar(&cfg.AllowRemote, "allow-remote", false, "allow a --redis server that is not on loopback (the harness loads it hard)")
+	fs.StringVar(&cfg.OutDir, "out", "", "directory for results.json, results.csv, summary.md and plots/ (-service: results.json, summary.md; empty: stdout only)")
+	fs.Uint64Var(&cfg.Seed, "seed", 1, "seed of the callers' random choices")
+	fs.StringVar(&scenarios, "scenarios", strings.Join(std.Scenarios, ","), "scenarios: uniform, zipf, hot, identical")
+	fs.StringVar(&workers, "workers", joinInts(std.Workers), "concurrent callers in total (over all processes) (-service: "+serviceWorkers+")")
+	fs.StringVar(&limits, "limits", joinInts(std.Limits), "max_concurrent_uses of every key (-service: "+serviceLimits+")")
+	fs.StringVar(&procs, "procs", joinInts(std.Procs), "OS processes sharing the callers")
+	fs.StringVar(&rates, "rates", "0", "open-loop offered allocations/s over all processes; 0 is a closed loop")
+	fs.IntVar(&grid.Keys, "keys", 0, "number of keys (0: the scenario's; -service: "+strconv.Itoa(serviceKeys)+")")
+	fs.IntVar(&grid.Candidates, "candidates", 0, "candidates per call (0: the scenario's)")
+	fs.DurationVar(&grid.Hold, "hold", std.Hold, "hold time of a granted slot (the mean with -hold-dist exp)")
+	fs.StringVar(&holdDist, "hold-dist", string(std.HoldDist), "hold time distribution: fixed or exp")
+	fs.DurationVar(&grid.Duration, "duration", std.Duration, "length of each run (also bounds -ops) (-service: "+serviceDuration.String()+")")
+	fs.Int64Var(&grid.Ops, "ops", 0, "allocations per run over all processes (0: until -duration)")
+	fs.Float64Var(&grid.CrashShare, "crash", 0, "share of grants never released (left to expire)")
+	fs.DurationVar(&grid.TTL, "ttl", std.TTL, "lease length; far longer than any hold (-service: whole seconds)")
+	fs.DurationVar(&grid.Pause, "pause", std.Pause, "closed loop: pause (±50%) after no slot, a give-up or an error")
+	fs.BoolVar(&b.service, "service", false, "benchmark credpool serve over HTTP against its lease store alone, on SQLite and on Redis")
+	fs.IntVar(&b.svc.Reps, "reps", serviceReps, "-service: repetitions of each cell, alternating which runs first")
+	fs.BoolVar(&b.worker, "worker", false, "internal: run as a worker process of the harness")
+	if err := fs.Parse(args); err != nil {
+		return b, err
+	}
+	if fs.NArg() > 0 {
+		return b, fmt.Errorf("bench: unexpected argument %q", fs.Arg(0))
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if b.worker {
+		return b, nil
+	}
+	if b.service {
+		err := parseService(&b.svc, set, serviceFlags{
+			strategies: strategies, workers: workers, limits: limits, procs: procs, rates: rates,
+			keys: grid.Keys, duration: grid.Duration, ttl: grid.TTL, pause: grid.Pause, suite: *cfg,
+		})
+		return b, err
+	}
+	if set["reps"] {
+		return b, errors.New("bench: -reps needs -service")
 	}
 
 	var err error
 	if cfg.Strategies, err = bench.Select(bench.Strategies(), strategies); err != nil {
-		return err
+		return b, err
 	}
 	grid.Scenarios = splitList(scenarios)
 	grid.HoldDist = workload.HoldDist(holdDist)
 	if grid.Workers, err = parseInts("workers", workers); err != nil {
-		return err
+		return b, err
 	}
 	if grid.Limits, err = parseInts("limits", limits); err != nil {
-		return err
+		return b, err
 	}
 	if grid.Procs, err = parseInts("procs", procs); err != nil {
-		return err
+		return b, err
 	}
 	if grid.Rates, err = parseFloats("rates", rates); err != nil {
-		return err
+		return b, err
 	}
-	if cfg.Cells, err = grid.Cells(); err != nil {
-		return err
-	}
-	exe, err := os.Executable()
-	if err != nil {
-		return fmt.Errorf("bench: find this binary to start workers: %w", err)
-	}
-	cfg.Worker = []string{exe, "bench", "-worker"}
-	cfg.Args = os.Args
-	cfg.Stdout, cfg.Progress = os.Stdout, os.Stderr
-	start := time.Now()
-	_, err = bench.Run(ctx, cfg)
-	fmt.Fprintf(os.Stderr, "credpool bench: %d runs in %s\n", len(cfg.Cells)*len(cfg.Strategies), time.Since(start).Round(time.Second))
-	return err
+	cfg.Cells, err = grid.Cells()
+	return b, err
 }
 
 func splitList(s string) []string {
