@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"sync"
 	"time"
@@ -84,6 +85,13 @@ type Options struct {
 	//
 	// default: DefaultPoolOrder() (vip borrows default)
 	Pools PoolOrder
+	// Inspect is how many of a pool's candidates, the best by the catalog,
+	// have their live state read from the store and are ranked again with
+	// it, per allocate (see rank). More ranks by live capacity over more
+	// keys; each costs two commands in one round trip.
+	//
+	// default: DefaultInspect (4); negative: every candidate
+	Inspect int
 	// MaxLease is the longest lease granted or renewed to. It also bounds
 	// how long a key the lease store lost is held back (see Losses): a
 	// lease the store forgot may be in use for up to that long. Shorter
@@ -119,6 +127,12 @@ func (o *Options) withDefaults() Options {
 	if out.MaxLease <= 0 {
 		out.MaxLease = DefaultMaxLease
 	}
+	switch {
+	case out.Inspect == 0:
+		out.Inspect = DefaultInspect
+	case out.Inspect < 0:
+		out.Inspect = math.MaxInt
+	}
 	if out.Losses == nil {
 		out.Losses = NewLosses()
 	}
@@ -128,6 +142,9 @@ func (o *Options) withDefaults() Options {
 	return out
 }
 
+// DefaultInspect is Options.Inspect's default.
+const DefaultInspect = 4
+
 // Broker serves allocate requests. It is safe for concurrent use. Close
 // it to stop retrying releases in the background.
 type Broker struct {
@@ -135,6 +152,7 @@ type Broker struct {
 	requests RequestLog
 	weights  Weights
 	pools    PoolOrder
+	inspect  int
 	backlog  *backlog
 
 	mu  sync.Mutex // guards rng
@@ -146,7 +164,7 @@ func New(c Catalog, s optimistic.LeaseStore, opts *Options) *Broker {
 	o := opts.withDefaults()
 	b := &Broker{
 		syncer:   newSyncer(c, s, o),
-		requests: o.Requests, weights: DefaultWeights(), pools: o.Pools,
+		requests: o.Requests, weights: DefaultWeights(), pools: o.Pools, inspect: o.Inspect,
 		backlog: newBacklog(s, o.Logger),
 		rng:     rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
 	}

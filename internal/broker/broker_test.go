@@ -54,6 +54,36 @@ func TestRankUsesTheStoresLastGrant(t *testing.T) {
 	}
 }
 
+// An allocate reads the live state of the best Options.Inspect candidates
+// only, whatever the pool's size; with every candidate read, the full ones
+// go last.
+func TestRankReadsTheBestFew(t *testing.T) {
+	var keys []catalog.Key
+	for i := range 10 {
+		keys = append(keys, key(fmt.Sprintf("k%d", i), "default", 1))
+	}
+	e := newEnv(t, keys...)
+	s := &hookStore{Store: e.store}
+	few := broker.New(e.cat, s, &broker.Options{Inspect: 3, Logger: e.log})
+	held := map[string]bool{}
+	for range 5 {
+		held[allocate(t, few, req("default")).KeyID] = true
+	}
+	require.Len(t, s.inspected, 5)
+	for _, ids := range s.inspected {
+		require.Len(t, ids, 3)
+	}
+
+	all := broker.New(e.cat, s, &broker.Options{Inspect: -1, Logger: e.log})
+	g := allocate(t, all, req("default"))
+	require.False(t, held[g.KeyID])
+	order := s.recorded()[len(s.recorded())-1].order
+	require.Len(t, order, 10)
+	for i, id := range order {
+		require.Equal(t, i >= 5, held[id], "position %d: %s", i, id)
+	}
+}
+
 func TestAllocateValidates(t *testing.T) {
 	e := newEnv(t, key("a", "default", 1))
 	for _, c := range []struct {

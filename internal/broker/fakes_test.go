@@ -149,7 +149,8 @@ func capacityError(t *testing.T, err error) *optimistic.CapacityError {
 // allocCall is one Allocate the broker made on a hookStore.
 type allocCall struct {
 	pool    string
-	granted string // key id, "" if none
+	order   []string // the candidates, in the order given
+	granted string   // key id, "" if none
 	err     error
 }
 
@@ -167,8 +168,9 @@ type hookStore struct {
 	hung atomic.Pointer[hung]
 	// afterHolds, if set, runs after each Holds.
 	afterHolds func()
-	// inspects counts Inspect calls.
-	inspects atomic.Int32
+	// inspects counts Inspect calls; inspected holds the ids each read.
+	inspects  atomic.Int32
+	inspected [][]string
 
 	mu    sync.Mutex
 	calls []allocCall
@@ -200,6 +202,9 @@ func (s *hookStore) Holds(ctx context.Context, ref optimistic.LeaseRef) (time.Ti
 
 func (s *hookStore) Inspect(ctx context.Context, ids ...string) ([]optimistic.KeyInfo, error) {
 	s.inspects.Add(1)
+	s.mu.Lock()
+	s.inspected = append(s.inspected, ids)
+	s.mu.Unlock()
 	return s.Store.Inspect(ctx, ids...)
 }
 
@@ -234,7 +239,7 @@ func (s *hookStore) Allocate(ctx context.Context, req optimistic.AllocateRequest
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.calls = append(s.calls, allocCall{pool: req.Pool, granted: l.KeyID, err: err})
+	s.calls = append(s.calls, allocCall{pool: req.Pool, order: req.Candidates, granted: l.KeyID, err: err})
 	return l, st, err
 }
 

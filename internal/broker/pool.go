@@ -127,28 +127,63 @@ func (p *poolRun) allocate(ctx context.Context, cands []catalog.Key) error {
 	return &optimistic.CapacityError{}
 }
 
-// rank orders cands best first, reading their live state (free slots,
-// last grant) from the store in one round trip; it returns that state too.
-func (p *poolRun) rank(ctx context.Context, cands []catalog.Key) ([]string, []optimistic.KeyInfo, error) {
-	infos, err := p.store.Inspect(ctx, ids(cands)...)
+// rank orders cands best first. The catalog ranks them all (health, idle
+// time, jitter; every slot counted free); the store's live state (free
+// slots, last grant) is read, in one round trip, for the best p.inspect of
+// them only, so an allocate costs the same however large the pool. Those
+// ranked again with it go first if they have a free slot, and last if not:
+// the store then takes the first key in that order with a free slot. It
+// returns the live state read, by key id.
+func (p *poolRun) rank(ctx context.Context, cands []catalog.Key) ([]string, map[string]optimistic.KeyInfo, error) {
+	now := time.Now()
+	byID := make(map[string]catalog.Key, len(cands))
+	rc := make([]Candidate, len(cands))
+	for i, k := range cands {
+		byID[k.ID] = k
+		rc[i] = candidate(k, optimistic.KeyInfo{})
+	}
+	p.mu.Lock()
+	order := p.weights.Rank(rc, now, p.rng)
+	p.mu.Unlock()
+	top := order[:min(p.inspect, len(order))]
+	infos, err := p.store.Inspect(ctx, top...)
 	if err != nil {
 		return nil, nil, err
 	}
-	rc := make([]Candidate, len(cands))
-	for i, k := range cands {
-		rc[i] = Candidate{
-			ID: k.ID, Free: max(infos[i].Limit-infos[i].Live, 0), Limit: infos[i].Limit,
-			Status: k.Status, LastUsedAt: later(k.LastUsedAt, infos[i].LastUsedAt), LastVerifiedAt: k.LastVerifiedAt,
-			Successes: k.Successes, Errors: k.Errors, RateLimitHits: k.RateLimitHits,
-		}
-		if !infos[i].Exists {
-			// Not in the store yet: rank by the catalog's limit.
-			rc[i].Free, rc[i].Limit = max(k.MaxConcurrentUses, 1), max(k.MaxConcurrentUses, 1)
-		}
+	live := make(map[string]optimistic.KeyInfo, len(infos))
+	rc = rc[:0]
+	for _, in := range infos {
+		live[in.ID] = in
+		rc = append(rc, candidate(byID[in.ID], in))
 	}
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.weights.Rank(rc, time.Now(), p.rng), infos, nil
+	ranked := p.weights.Rank(rc, now, p.rng)
+	p.mu.Unlock()
+	var free, full []string
+	for _, id := range ranked {
+		if in := live[id]; in.Exists && in.Live >= in.Limit {
+			full = append(full, id)
+		} else {
+			free = append(free, id)
+		}
+	}
+	out := append(free, order[len(top):]...)
+	return append(out, full...), live, nil
+}
+
+// candidate is what ranking knows of k, with its live state in if read
+// (in.Exists); a key the store has not read or does not hold yet is ranked
+// by the catalog's limit, every slot free.
+func candidate(k catalog.Key, in optimistic.KeyInfo) Candidate {
+	c := Candidate{
+		ID: k.ID, Status: k.Status, LastUsedAt: later(k.LastUsedAt, in.LastUsedAt), LastVerifiedAt: k.LastVerifiedAt,
+		Successes: k.Successes, Errors: k.Errors, RateLimitHits: k.RateLimitHits,
+		Free: max(k.MaxConcurrentUses, 1), Limit: max(k.MaxConcurrentUses, 1),
+	}
+	if in.Exists {
+		c.Free, c.Limit = max(in.Limit-in.Live, 0), in.Limit
+	}
+	return c
 }
 
 // later is the later of two times: the catalog's last use of a key is
@@ -163,14 +198,18 @@ func later(a, b time.Time) time.Time {
 // repair syncs into the store every candidate whose store state differs
 // from the catalog's, and returns how many it synced and may now grant;
 // none means the pool is really full. ranked is rank's read of the store:
-// it serves unless it says a candidate could grant, which the store has
-// just denied; then the store changed since and is read again. Each key
+// it serves if it covers every candidate and says none could grant;
+// otherwise (the store has just denied a grant it promised, so changed
+// since) the store is read again. Each key
 // that differs is read again from the catalog (the request's snapshot may
 // be older than an admin's latest sync) and then from the store, in that
 // order, as syncer.sync needs; one the store lost is quarantined instead.
-func (p *poolRun) repair(ctx context.Context, cands []catalog.Key, ranked []optimistic.KeyInfo) (int, error) {
-	infos := ranked
-	if grantable(ranked, time.Now()) {
+func (p *poolRun) repair(ctx context.Context, cands []catalog.Key, ranked map[string]optimistic.KeyInfo) (int, error) {
+	infos := make([]optimistic.KeyInfo, len(cands))
+	for i, k := range cands {
+		infos[i] = ranked[k.ID]
+	}
+	if len(ranked) < len(cands) || grantable(infos, time.Now()) {
 		var err error
 		if infos, err = p.store.Inspect(ctx, ids(cands)...); err != nil {
 			return 0, err

@@ -79,21 +79,31 @@ func (b *Broker) revoke(ctx context.Context, ref optimistic.LeaseRef, why string
 }
 
 // Report records the outcome of the caller's use of its lease in the
-// catalog (counters; rate_limited starts or extends a cooldown of
-// retryAfter; auth_error disables the key), pushes the key's new state to
-// the store so no new lease is granted against it, and then releases the
-// lease. A report counts only for a lease the caller still holds, checked
-// first without giving it up: a lost lease, or one of another provider or
-// pool, is that error and the catalog is left alone. The catalog counts a
-// lease once, so a report retried after its release failed (the store was
-// down) completes the release without counting twice; until then the key
-// is never granted against a stale state, since the slot is still held.
+// catalog and releases the lease. A report counts only for a lease the
+// caller still holds, and once per lease (the catalog remembers the lease),
+// so a report retried after its release failed (the store was down)
+// completes the release without counting twice.
+//
+//   - success and error only count (written behind, see catalog.Cache):
+//     the release comes first and is the check that the lease is held; a
+//     lost lease, or one of another provider or pool, is that error and
+//     counts nothing. If the store fails, the outcome counts, the error is
+//     returned and the release is retried in the background.
+//   - rate_limited (a cooldown of retryAfter) and auth_error (disabled)
+//     change the key: the lease is checked first without giving it up, the
+//     catalog written, the key's new state pushed to the store so no new
+//     lease is granted against it, and only then the slot released; until
+//     then the key is never granted against a stale state, since the slot
+//     is still held.
 func (b *Broker) Report(ctx context.Context, ref optimistic.LeaseRef, o catalog.Outcome, retryAfter time.Duration) error {
 	if err := ref.Validate(); err != nil {
 		return err
 	}
 	if !o.Valid() {
 		return fmt.Errorf("%w: outcome: want success, error, rate_limited or auth_error", optimistic.ErrInvalid)
+	}
+	if o == catalog.OutcomeSuccess || o == catalog.OutcomeError {
+		return b.count(ctx, ref, o)
 	}
 	if _, err := b.store.Holds(ctx, ref); err != nil {
 		return err
@@ -104,7 +114,7 @@ func (b *Broker) Report(ctx context.Context, ref optimistic.LeaseRef, o catalog.
 		// Deleted meanwhile: nothing to record, the slot still goes back.
 	case err != nil:
 		return catalogErr(ctx, "report", err)
-	case o == catalog.OutcomeRateLimited || o == catalog.OutcomeAuthError:
+	default:
 		if _, err := b.resync(ctx, k); err != nil {
 			return err
 		}
@@ -115,4 +125,18 @@ func (b *Broker) Report(ctx context.Context, ref optimistic.LeaseRef, o catalog.
 		return nil
 	}
 	return err
+}
+
+// count is Report for an outcome that changes no state: release, then
+// count unless the lease was not held.
+func (b *Broker) count(ctx context.Context, ref optimistic.LeaseRef, o catalog.Outcome) error {
+	released := b.Release(ctx, ref)
+	if errors.Is(released, optimistic.ErrLeaseLost) || errors.Is(released, optimistic.ErrInvalid) {
+		return released
+	}
+	_, err := b.catalog.Report(ctx, ref.KeyID, ref.LeaseID, o, 0, time.Now())
+	if err != nil && !errors.Is(err, catalog.ErrNotFound) {
+		return errors.Join(released, catalogErr(ctx, "report", err))
+	}
+	return released
 }

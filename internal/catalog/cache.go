@@ -214,10 +214,11 @@ func (c *Cache) MarkUsed(id string, at time.Time) {
 }
 
 // Report is SQL.Report, with success and error written behind: it checks
-// the arguments and that the key exists, notes the outcome and returns the
-// key from the snapshot, without the counts not yet written. A lease
-// reported again before the flush counts once, as do the other outcomes of
-// a lease whose success or error waits to be written.
+// the arguments and that the key is in the snapshot (as List sees it: a
+// key deleted meanwhile is skipped by the flush), notes the outcome and
+// returns the key from the snapshot, without the counts not yet written.
+// A lease reported again before the flush counts once, as do the other
+// outcomes of a lease whose success or error waits to be written.
 func (c *Cache) Report(ctx context.Context, id, leaseID string, o Outcome, retryAfter time.Duration, now time.Time) (Key, error) {
 	c.mu.Lock()
 	_, pending := c.reports[leaseID]
@@ -225,9 +226,13 @@ func (c *Cache) Report(ctx context.Context, id, leaseID string, o Outcome, retry
 	if (o != OutcomeSuccess && o != OutcomeError && !pending) || leaseID == "" {
 		return c.SQL.Report(ctx, id, leaseID, o, retryAfter, now)
 	}
-	k, err := c.Key(ctx, id)
+	s, err := c.current(ctx, false)
 	if err != nil {
 		return Key{}, err
+	}
+	k, ok := s.keys[id]
+	if !ok {
+		return Key{}, notFound(id)
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
