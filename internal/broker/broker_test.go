@@ -174,7 +174,7 @@ func TestContendedPool(t *testing.T) {
 		require.Len(t, calls, 2)
 		require.Equal(t, "vip", calls[0].pool)
 		require.ErrorIs(t, calls[0].err, optimistic.ErrContended)
-		require.Equal(t, allocCall{pool: "default", granted: "d"}, calls[1])
+		require.Equal(t, allocCall{pool: "default", order: []string{"d"}, granted: "d"}, calls[1])
 		require.Zero(t, e.live(t, "v"))
 	})
 
@@ -427,7 +427,7 @@ func TestRepair(t *testing.T) {
 			calls := s.recorded()
 			require.Len(t, calls, 2, "one store miss, one repair, one grant")
 			require.ErrorIs(t, calls[0].err, optimistic.ErrNoCapacity)
-			require.Equal(t, allocCall{pool: "default", granted: "a"}, calls[1])
+			require.Equal(t, allocCall{pool: "default", order: []string{"a"}, granted: "a"}, calls[1])
 
 			in := e.info(t, "a")
 			require.True(t, in.Exists)
