@@ -90,6 +90,9 @@ func (a *Admin) views(ctx context.Context, keys ...catalog.Key) ([]KeyView, erro
 	out := make([]KeyView, len(keys))
 	for i, k := range keys {
 		k.Secret = ""
+		// The catalog writes the last use behind; the store has the last
+		// grant.
+		k.LastUsedAt = later(k.LastUsedAt, infos[i].LastUsedAt)
 		out[i] = KeyView{Key: k, Live: infos[i].Live, FreeAt: infos[i].FreeAt, InStore: infos[i].Exists}
 	}
 	return out, nil

@@ -119,12 +119,12 @@ func (e *env) live(t *testing.T, id string) int {
 	return e.info(t, id).Live
 }
 
-// get reads a key from the catalog, once the uses the cache holds are
-// written.
+// get reads a key from the catalog's database (not the cache's snapshot),
+// once the uses the cache holds are written.
 func (e *env) get(t *testing.T, id string) catalog.Key {
 	t.Helper()
 	require.NoError(t, e.cat.Flush(t.Context()))
-	k, err := e.cat.Get(t.Context(), id)
+	k, err := e.cat.SQL.Get(t.Context(), id)
 	require.NoError(t, err)
 	return k
 }

@@ -18,10 +18,12 @@ import (
 // generation, and the uses (grants, success and error reports) written
 // behind in batches. The writes it does not override go straight to SQL.
 //
-// Every write transaction on the catalog, from any process sharing its
-// database, takes the next generation and stamps the rows it changes with
-// it (see SQL). The Cache reads the generation, one indexed row, and when
-// it has moved reloads only the rows stamped since:
+// Every write transaction that changes keys or aliases, from any process
+// sharing the database, takes the next generation with a random stamp and
+// stamps the key rows it changes with it (see SQL). The Cache reads the
+// generation and its stamp, one row, and when they moved reloads only the
+// rows stamped since (everything if the catalog went back to an older
+// state, or the Cache is further behind than the catalog remembers):
 //
 //   - Key, Get and ResolveModel read the generation on every call (a few
 //     microseconds): a request, which resolves its model first, sees every
@@ -31,31 +33,46 @@ import (
 //     wrote to the catalog since: called after ResolveModel, it lists the
 //     catalog as of the request's start without a read of its own.
 //
-// The snapshot holds secrets as stored (sealed), apart from the keys:
-// the keys List returns carry none, and Get opens the one it returns.
+// Binaries older than this protocol write the catalog without moving the
+// generation: stop them before starting this one on a shared catalog.
+//
+// The snapshot holds secrets as stored (sealed with the Sealer, when one
+// is set), apart from the keys: the keys List returns carry none, and Get
+// opens the one it returns.
 //
 // MarkUsed and the success and error outcomes of Report are kept in memory
-// and written every FlushEvery, and by Flush and Close. A crash loses those
-// of the last FlushEvery (counters and last_used_at, which only rank keys);
-// never a lease, and never a change of a key's state: the outcomes that
-// change it (rate_limited, auth_error) are written by Report at once.
+// and written every FlushEvery, and by Flush and Close; they take no
+// generation, and the snapshot reads everyone's counters every
+// CountersEvery (this process's last grants it knows at once). A crash
+// loses what was not written yet: the last FlushEvery, or all since the
+// catalog stopped taking writes. These only rank keys; a lease or a change
+// of a key's state is never lost: the outcomes that change it
+// (rate_limited, auth_error) are written by Report at once.
 //
-// A Cache is safe for concurrent use. Close it once, to stop the writer.
+// A Cache is safe for concurrent use. Close it when done; uses noted after
+// Close are not written.
 type Cache struct {
 	*SQL
-	maxAge time.Duration
-	log    *slog.Logger
-	gen    *sql.Stmt
+	maxAge     time.Duration
+	maxPending int
+	log        *slog.Logger
+	gen        *sql.Stmt
 
 	snap   atomic.Pointer[snapshot]
 	reload chan struct{} // one reload at a time
 
-	mu      sync.Mutex // guards reports and used
+	mu sync.Mutex // guards the maps below
+	// reports waits to be written, by lease; uses holds each key's last
+	// grant and the counts of reports whose leases were not kept.
 	reports map[string]report
-	used    map[string]time.Time
+	uses    map[string]use
+	// recent is this process's last grant of each key, for List.
+	recent map[string]time.Time
+	folded bool // some reports were counted without their lease
 
-	stop chan struct{}
-	done chan struct{}
+	stop      context.CancelFunc // ends the writer's work
+	done      chan struct{}
+	closeOnce sync.Once
 }
 
 // CacheOptions configure a Cache; nil means defaults.
@@ -69,6 +86,17 @@ type CacheOptions struct {
 	//
 	// default: 1s
 	FlushEvery time.Duration
+	// CountersEvery is how often the snapshot reads every key's counters
+	// and last use, written behind by every process.
+	//
+	// default: 10s
+	CountersEvery time.Duration
+	// MaxPending bounds the reports kept by lease while the catalog takes
+	// no writes; past it a report counts without its lease, so the same
+	// lease reported again may count twice.
+	//
+	// default: 100,000
+	MaxPending int
 	// Logger gets a line when a flush fails (the batch is kept and tried
 	// again); key ids only.
 	//
@@ -80,10 +108,11 @@ type CacheOptions struct {
 // after it is published.
 type snapshot struct {
 	gen     int64
-	keys    map[string]Key      // secrets removed
-	sealed  map[string]string   // secrets as stored
-	ids     []string            // every key id, sorted
-	pools   map[poolID][]string // ids of each provider's pool, sorted
+	stamp   string
+	keys    map[string]Key    // secrets removed
+	sealed  map[string]string // secrets as stored
+	ids     []string          // every key id, sorted
+	pools   map[poolID][]string
 	aliases map[alias]string
 
 	// checked is when gen was last found current (unix ns); writes is
@@ -93,50 +122,77 @@ type snapshot struct {
 
 type poolID struct{ provider, pool string }
 
+// flushChunk bounds the reports one flush transaction writes.
+const flushChunk = 1000
+
+// flushTimeout bounds one flush by the writer.
+const flushTimeout = 10 * time.Second
+
 // NewCache loads the snapshot and starts the writer.
 func NewCache(ctx context.Context, s *SQL, opts *CacheOptions) (*Cache, error) {
 	var o CacheOptions
 	if opts != nil {
 		o = *opts
 	}
-	if o.MaxAge <= 0 {
-		o.MaxAge = 100 * time.Millisecond
-	}
-	if o.FlushEvery <= 0 {
-		o.FlushEvery = time.Second
+	o.MaxAge = positive(o.MaxAge, 100*time.Millisecond)
+	o.FlushEvery = positive(o.FlushEvery, time.Second)
+	o.CountersEvery = positive(o.CountersEvery, 10*time.Second)
+	if o.MaxPending <= 0 {
+		o.MaxPending = 100_000
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	gen, err := s.db.PrepareContext(ctx, `SELECT gen FROM catalog_generation WHERE id = 1`)
+	gen, err := s.db.PrepareContext(ctx, `SELECT gen, stamp FROM catalog_generation WHERE id = 1`)
 	if err != nil {
 		return nil, fail(ctx, "prepare", err)
 	}
 	c := &Cache{
-		SQL: s, maxAge: o.MaxAge, log: o.Logger, gen: gen,
+		SQL: s, maxAge: o.MaxAge, maxPending: o.MaxPending, log: o.Logger, gen: gen,
 		reload:  make(chan struct{}, 1),
-		reports: make(map[string]report), used: make(map[string]time.Time),
-		stop: make(chan struct{}), done: make(chan struct{}),
+		reports: make(map[string]report), uses: make(map[string]use), recent: make(map[string]time.Time),
+		done: make(chan struct{}),
 	}
-	c.snap.Store(&snapshot{})
-	if _, err := c.refresh(ctx, 1); err != nil {
+	ch, err := s.changesSince(ctx, 0, "")
+	if err != nil {
 		_ = gen.Close()
 		return nil, err
 	}
-	go c.writer(o.FlushEvery)
+	first := (&snapshot{}).apply(ch)
+	first.confirm(time.Now(), s.writes.Load())
+	c.snap.Store(first)
+	wctx, stop := context.WithCancel(context.Background())
+	c.stop = stop
+	go c.writer(wctx, o.FlushEvery, o.CountersEvery)
 	return c, nil
 }
 
-// Close stops the writer and flushes what it holds under ctx.
-func (c *Cache) Close(ctx context.Context) error {
-	close(c.stop)
-	<-c.done
-	err := c.Flush(ctx)
-	return errors.Join(err, c.gen.Close())
+// positive is d, or def if d is not positive.
+func positive(d, def time.Duration) time.Duration {
+	if d <= 0 {
+		return def
+	}
+	return d
 }
 
-// List is SQL.List from the snapshot (see Cache for how fresh). The keys'
-// Models are shared with the cache: do not modify them.
+// Close stops the writer, then writes what it holds under ctx. Calls after
+// the first return nil.
+func (c *Cache) Close(ctx context.Context) error {
+	var err error
+	c.closeOnce.Do(func() {
+		c.stop()
+		select {
+		case <-c.done:
+		case <-ctx.Done():
+		}
+		err = errors.Join(c.Flush(ctx), c.gen.Close())
+	})
+	return err
+}
+
+// List is SQL.List from the snapshot (see Cache for how fresh), with this
+// process's latest grants as LastUsedAt. The keys' Models are shared with
+// the cache: do not modify them.
 func (c *Cache) List(ctx context.Context, provider, pool string) ([]Key, error) {
 	s, err := c.current(ctx, false)
 	if err != nil {
@@ -147,9 +203,14 @@ func (c *Cache) List(ctx context.Context, provider, pool string) ([]Key, error) 
 		ids = s.pools[poolID{provider, pool}]
 	}
 	var out []Key
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	for _, id := range ids {
 		k := s.keys[id]
 		if (provider == "" || k.Provider == provider) && (pool == "" || k.Pool == pool) {
+			if at := c.recent[id]; at.After(k.LastUsedAt) {
+				k.LastUsedAt = at
+			}
 			out = append(out, k)
 		}
 	}
@@ -208,22 +269,27 @@ func (c *Cache) ResolveModel(ctx context.Context, provider, model string) (strin
 func (c *Cache) MarkUsed(id string, at time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if at.After(c.used[id]) {
-		c.used[id] = at
+	if u := c.uses[id]; at.After(u.lastUsed) {
+		u.lastUsed = at
+		c.uses[id] = u
+	}
+	if at.After(c.recent[id]) {
+		c.recent[id] = at
 	}
 }
 
 // Report is SQL.Report, with success and error written behind: it checks
-// the arguments and that the key is in the snapshot (as List sees it: a
-// key deleted meanwhile is skipped by the flush), notes the outcome and
-// returns the key from the snapshot, without the counts not yet written.
-// A lease reported again before the flush counts once, as do the other
-// outcomes of a lease whose success or error waits to be written.
+// that the key is in the snapshot (as List sees it: a key deleted
+// meanwhile is skipped by the flush), notes the outcome and returns the
+// key from the snapshot, without the counts not yet written. A lease
+// reported again before the flush counts once, as do the other outcomes of
+// a lease whose success or error waits to be written (they change
+// nothing). Arguments are checked as SQL.Report does.
 func (c *Cache) Report(ctx context.Context, id, leaseID string, o Outcome, retryAfter time.Duration, now time.Time) (Key, error) {
 	c.mu.Lock()
 	_, pending := c.reports[leaseID]
 	c.mu.Unlock()
-	if (o != OutcomeSuccess && o != OutcomeError && !pending) || leaseID == "" {
+	if !o.Valid() || leaseID == "" || (o != OutcomeSuccess && o != OutcomeError && !pending) {
 		return c.SQL.Report(ctx, id, leaseID, o, retryAfter, now)
 	}
 	s, err := c.current(ctx, false)
@@ -236,59 +302,128 @@ func (c *Cache) Report(ctx context.Context, id, leaseID string, o Outcome, retry
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if _, ok := c.reports[leaseID]; !ok {
-		c.reports[leaseID] = report{keyID: id, outcome: o, at: now}
+	if _, ok := c.reports[leaseID]; ok {
+		return k, nil
 	}
+	if len(c.reports) < c.maxPending {
+		c.reports[leaseID] = report{keyID: id, outcome: o, at: now}
+		return k, nil
+	}
+	if !c.folded {
+		c.folded = true
+		c.log.Warn("catalog: reports pile up unwritten; counting them without their leases from now on", "pending", len(c.reports))
+	}
+	u := c.uses[id]
+	if o == OutcomeSuccess {
+		u.successes++
+	} else {
+		u.errors++
+	}
+	c.uses[id] = u
 	return k, nil
 }
 
-// Flush writes the uses noted so far in one transaction. On failure they
-// are kept for the next flush.
+// Flush writes the uses noted so far, in transactions of at most
+// flushChunk reports. What a failed transaction held is kept for the next
+// flush.
 func (c *Cache) Flush(ctx context.Context) error {
 	c.mu.Lock()
-	reports, used := c.reports, c.used
-	c.reports, c.used = make(map[string]report), make(map[string]time.Time)
+	reports, uses := c.reports, c.uses
+	c.reports, c.uses = make(map[string]report), make(map[string]use)
 	c.mu.Unlock()
-	if len(reports) == 0 && len(used) == 0 {
-		return nil
-	}
-	err := c.record(ctx, reports, used)
-	if err != nil {
-		c.mu.Lock()
-		defer c.mu.Unlock()
+	for len(reports) > 0 || len(uses) > 0 {
+		chunk := make(map[string]report, min(len(reports), flushChunk))
 		for id, r := range reports {
-			if _, ok := c.reports[id]; !ok {
-				c.reports[id] = r
+			if len(chunk) == flushChunk {
+				break
 			}
+			chunk[id] = r
 		}
-		for id, at := range used {
-			if at.After(c.used[id]) {
-				c.used[id] = at
-			}
+		if err := c.record(ctx, chunk, uses); err != nil {
+			c.keep(reports, uses)
+			return err
 		}
+		for id := range chunk {
+			delete(reports, id)
+		}
+		uses = nil
 	}
-	return err
+	return nil
 }
 
-// flushTimeout bounds one flush by the writer.
-const flushTimeout = 10 * time.Second
-
-func (c *Cache) writer(every time.Duration) {
-	defer close(c.done)
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-c.stop:
-			return
-		case <-t.C:
+// keep puts back what a flush failed to write.
+func (c *Cache) keep(reports map[string]report, uses map[string]use) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for id, r := range reports {
+		if _, ok := c.reports[id]; !ok {
+			c.reports[id] = r
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), flushTimeout)
-		if err := c.Flush(ctx); err != nil {
-			c.log.Warn("catalog: writing uses failed; kept for the next try", "err", err)
-		}
-		cancel()
 	}
+	for id, u := range uses {
+		v := c.uses[id]
+		v.successes += u.successes
+		v.errors += u.errors
+		if u.lastUsed.After(v.lastUsed) {
+			v.lastUsed = u.lastUsed
+		}
+		c.uses[id] = v
+	}
+	if len(c.reports) < c.maxPending {
+		c.folded = false
+	}
+}
+
+func (c *Cache) writer(ctx context.Context, flushEvery, countersEvery time.Duration) {
+	defer close(c.done)
+	flush, counters := time.NewTicker(flushEvery), time.NewTicker(countersEvery)
+	defer flush.Stop()
+	defer counters.Stop()
+	for {
+		var err error
+		select {
+		case <-ctx.Done():
+			return
+		case <-flush.C:
+			fctx, cancel := context.WithTimeout(ctx, flushTimeout)
+			if err = c.Flush(fctx); err != nil {
+				err = fmt.Errorf("writing uses failed, kept for the next try: %w", err)
+			}
+			cancel()
+		case <-counters.C:
+			err = c.readAllCounters(ctx)
+		}
+		if err != nil && ctx.Err() == nil {
+			c.log.Warn("catalog: "+err.Error())
+		}
+	}
+}
+
+// readAllCounters brings every process's counters and last uses into the
+// snapshot.
+func (c *Cache) readAllCounters(ctx context.Context) error {
+	select {
+	case c.reload <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	defer func() { <-c.reload }()
+	all, err := c.readCounters(ctx)
+	if err != nil {
+		return err
+	}
+	s := c.snap.Load()
+	next := s.copy()
+	for id, k := range next.keys {
+		if n, ok := all[id]; ok {
+			k.Successes, k.Errors, k.RateLimitHits, k.LastUsedAt = n.successes, n.errors, n.rateLimitHits, n.lastUsed
+			next.keys[id] = k
+		}
+	}
+	next.checked.Store(s.checked.Load())
+	next.writes.Store(s.writes.Load())
+	c.snap.Store(next)
+	return nil
 }
 
 // current returns the snapshot, brought to the current generation if
@@ -301,22 +436,25 @@ func (c *Cache) current(ctx context.Context, verify bool) (*snapshot, error) {
 		return s, nil
 	}
 	start := time.Now()
-	var gen int64
-	if err := c.gen.QueryRowContext(ctx).Scan(&gen); err != nil {
+	var (
+		gen   int64
+		stamp string
+	)
+	if err := c.gen.QueryRowContext(ctx).Scan(&gen, &stamp); err != nil {
 		return nil, fail(ctx, "read generation", err)
 	}
-	if gen == s.gen {
+	if gen == s.gen && stamp == s.stamp {
 		s.confirm(start, writes)
 		return s, nil
 	}
-	return c.refresh(ctx, gen)
+	return c.refresh(ctx, gen, stamp)
 }
 
-// refresh brings the snapshot to generation gen or later, reading what
-// changed since the one it has; concurrent callers share one reload.
-// A generation that went back (a catalog restored from a backup) reloads
-// everything.
-func (c *Cache) refresh(ctx context.Context, gen int64) (*snapshot, error) {
+// refresh brings the snapshot to generation gen, stamped stamp, or the
+// one after, reading what changed since the one it has. One reload runs at
+// a time; a caller that waited for another's finds its generation reached,
+// or reads one row to learn that nothing changed since.
+func (c *Cache) refresh(ctx context.Context, gen int64, stamp string) (*snapshot, error) {
 	select {
 	case c.reload <- struct{}{}:
 	case <-ctx.Done():
@@ -324,13 +462,17 @@ func (c *Cache) refresh(ctx context.Context, gen int64) (*snapshot, error) {
 	}
 	defer func() { <-c.reload }()
 	s := c.snap.Load()
-	if s.gen == gen {
+	if s.gen == gen && s.stamp == stamp {
 		return s, nil
 	}
 	start, writes := time.Now(), c.writes.Load()
-	ch, err := c.changesSince(ctx, s.gen)
+	ch, err := c.changesSince(ctx, s.gen, s.stamp)
 	if err != nil {
 		return nil, err
+	}
+	if ch.gen == s.gen && ch.stamp == s.stamp {
+		s.confirm(start, writes)
+		return s, nil
 	}
 	next := s.apply(ch)
 	next.confirm(start, writes)
@@ -343,12 +485,20 @@ func (s *snapshot) confirm(at time.Time, writes int64) {
 	s.writes.Store(writes)
 }
 
+// copy returns s's contents in maps of their own, unconfirmed.
+func (s *snapshot) copy() *snapshot {
+	return &snapshot{
+		gen: s.gen, stamp: s.stamp, keys: maps.Clone(s.keys), sealed: maps.Clone(s.sealed),
+		ids: s.ids, pools: s.pools, aliases: s.aliases,
+	}
+}
+
 // apply returns a new snapshot: s with ch applied.
 func (s *snapshot) apply(ch changes) *snapshot {
-	next := &snapshot{gen: ch.gen, keys: make(map[string]Key), sealed: make(map[string]string), aliases: s.aliases}
+	next := &snapshot{gen: ch.gen, stamp: ch.stamp, keys: make(map[string]Key), sealed: make(map[string]string), aliases: s.aliases}
 	if !ch.all {
-		maps.Copy(next.keys, s.keys)
-		maps.Copy(next.sealed, s.sealed)
+		next = s.copy()
+		next.gen, next.stamp = ch.gen, ch.stamp
 	}
 	for _, id := range ch.gone {
 		delete(next.keys, id)

@@ -109,29 +109,29 @@ func TestCacheSeesEveryWriteAtOnce(t *testing.T) {
 func TestCacheListWithinMaxAge(t *testing.T) {
 	here, there := twoProcesses(t, nil)
 	put(t, there, testKey("k1"))
-	c := newCache(t, here, &catalog.CacheOptions{MaxAge: 10 * time.Millisecond})
+	c := newCache(t, here, hour)
 	put(t, there, testKey("k2"))
-	require.Eventually(t, func() bool {
-		keys, err := c.List(t.Context(), "openai", "default")
-		require.NoError(t, err)
-		return len(keys) == 2
-	}, 10*time.Second, time.Millisecond)
+	keys, err := c.List(t.Context(), "openai", "default")
+	require.NoError(t, err)
+	require.Len(t, keys, 1, "List serves its snapshot within MaxAge")
 
-	c = newCache(t, here, hour)
 	require.NoError(t, there.SetAlias(t.Context(), "openai", "latest", "gpt-4o"))
-	put(t, there, testKey("k3"))
 	model, err := c.ResolveModel(t.Context(), "openai", "latest")
 	require.NoError(t, err)
 	require.Equal(t, "gpt-4o", model)
-	keys, err := c.List(t.Context(), "openai", "default")
+	keys, err = c.List(t.Context(), "openai", "default")
 	require.NoError(t, err)
-	require.Len(t, keys, 3)
-
-	keys, err = c.List(t.Context(), "", "")
-	require.NoError(t, err)
+	require.Len(t, keys, 2, "a request's ResolveModel brings List up to date")
 	for _, k := range keys {
 		require.Empty(t, k.Secret.Reveal(), "listed keys carry no secret")
 	}
+
+	c = newCache(t, here, &catalog.CacheOptions{MaxAge: 10 * time.Millisecond})
+	put(t, there, testKey("k3"))
+	require.Eventually(t, func() bool {
+		keys, err := c.List(t.Context(), "openai", "default")
+		return err == nil && len(keys) == 3
+	}, 10*time.Second, time.Millisecond)
 }
 
 // This process's own writes reach every read at once, MaxAge or not.
@@ -154,9 +154,10 @@ func TestCacheSeesOwnWritesAtOnce(t *testing.T) {
 	require.Empty(t, keys)
 }
 
-// A cache that last looked before tombstones it needed were pruned
-// reloads every key, so a deleted key never lingers in it.
-func TestCacheReloadsAllAfterTombstonesPruned(t *testing.T) {
+// A cache further behind than the catalog remembers (its generation no
+// longer logged, the tombstones it needed pruned) reloads every key, so a
+// deleted key never lingers in it.
+func TestCacheReloadsAllWhenFarBehind(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "credpool.db")
 	here, err := catalog.New(t.Context(), openDB(t, path), nil)
 	require.NoError(t, err)
@@ -164,22 +165,23 @@ func TestCacheReloadsAllAfterTombstonesPruned(t *testing.T) {
 	there, err := catalog.New(t.Context(), db, nil)
 	require.NoError(t, err)
 	put(t, there, testKey("gone"))
-	put(t, there, testKey("also-gone"))
 	put(t, there, testKey("kept"))
 	c := newCache(t, here, hour)
 
 	require.NoError(t, there.Delete(t.Context(), "gone"))
-	// Age the tombstone past its memory; the next delete prunes it.
-	_, err = db.ExecContext(t.Context(), `UPDATE catalog_tombstones SET deleted_at = 0`)
-	require.NoError(t, err)
-	require.NoError(t, there.Delete(t.Context(), "also-gone"))
-
-	for _, id := range []string{"gone", "also-gone"} {
-		_, err := c.Key(t.Context(), id)
-		require.ErrorIs(t, err, catalog.ErrNotFound, id)
+	// What pruning does once the catalog is generationMemory further.
+	for _, table := range []string{"catalog_generations", "catalog_tombstones"} {
+		_, err = db.ExecContext(t.Context(), `DELETE FROM `+table+` WHERE gen < (SELECT gen FROM catalog_generation)`)
+		require.NoError(t, err)
 	}
-	_, err = c.Key(t.Context(), "kept")
-	require.NoError(t, err)
+	put(t, there, testKey("new"))
+
+	_, err = c.Key(t.Context(), "gone")
+	require.ErrorIs(t, err, catalog.ErrNotFound)
+	for _, id := range []string{"kept", "new"} {
+		_, err = c.Key(t.Context(), id)
+		require.NoError(t, err, id)
+	}
 }
 
 // Uses are written behind: nothing until a flush, then each lease counts
@@ -188,7 +190,7 @@ func TestCacheReloadsAllAfterTombstonesPruned(t *testing.T) {
 func TestCacheWritesUsesBehind(t *testing.T) {
 	c, _ := newCatalog(t)
 	put(t, c, testKey("k1"))
-	cc := newCache(t, c, nil)
+	cc := newCache(t, c, &catalog.CacheOptions{FlushEvery: time.Hour})
 
 	cc.MarkUsed("k1", t0)
 	cc.MarkUsed("k1", t0.Add(-time.Second))
@@ -237,27 +239,86 @@ func TestCacheReportChecks(t *testing.T) {
 	require.ErrorIs(t, err, optimistic.ErrInvalid)
 }
 
-// A flush that fails keeps the batch for the next one; a key deleted
-// meanwhile does not stop the others from counting; Close flushes.
+// A flush that fails (the file locked by another process) keeps the
+// batch for the next one; a key deleted meanwhile does not stop the others
+// from counting; Close flushes, and a second Close does nothing.
 func TestCacheFlushFailureKeepsUses(t *testing.T) {
-	c, _ := newCatalog(t)
+	path := filepath.Join(t.TempDir(), "credpool.db")
+	c, err := catalog.New(t.Context(), openDB(t, path), nil)
+	require.NoError(t, err)
 	put(t, c, testKey("k1"))
 	put(t, c, testKey("k2"))
 	cc, err := catalog.NewCache(t.Context(), c, &catalog.CacheOptions{FlushEvery: time.Hour})
 	require.NoError(t, err)
+	t.Cleanup(func() { _ = cc.Close(context.Background()) })
 	_, err = cc.Report(t.Context(), "k1", "lease-1", catalog.OutcomeSuccess, 0, t0)
 	require.NoError(t, err)
 	_, err = cc.Report(t.Context(), "k2", "lease-2", catalog.OutcomeSuccess, 0, t0)
 	require.NoError(t, err)
 
-	ctx, cancel := context.WithCancel(t.Context())
-	cancel()
-	require.Error(t, cc.Flush(ctx))
+	other := openDB(t, path)
+	lock, err := other.BeginTx(t.Context(), nil)
+	require.NoError(t, err)
+	_, err = lock.ExecContext(t.Context(), `UPDATE catalog_keys SET errors = errors WHERE 0`)
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
+	defer cancel()
+	require.Error(t, cc.Flush(ctx), "the file is locked")
+	require.NoError(t, lock.Rollback())
 	require.Zero(t, get(t, c, "k1").Successes)
 
 	require.NoError(t, c.Delete(t.Context(), "k2"))
 	require.NoError(t, cc.Close(t.Context()))
 	require.Equal(t, int64(1), get(t, c, "k1").Successes)
+	require.NoError(t, cc.Close(t.Context()))
+}
+
+// Past MaxPending, reports count without their leases: nothing is lost.
+func TestCacheFoldsPastMaxPending(t *testing.T) {
+	c, _ := newCatalog(t)
+	put(t, c, testKey("k1"))
+	cc := newCache(t, c, &catalog.CacheOptions{FlushEvery: time.Hour, MaxPending: 2})
+	for i := range 5 {
+		_, err := cc.Report(t.Context(), "k1", fmt.Sprintf("lease-%d", i), catalog.OutcomeSuccess, 0, t0)
+		require.NoError(t, err)
+	}
+	require.NoError(t, cc.Flush(t.Context()))
+	require.Equal(t, int64(5), get(t, c, "k1").Successes)
+}
+
+// Uses take no generation, so they reload nobody's snapshot; every
+// process's counters reach a snapshot within CountersEvery. Writes that
+// change nothing take none either.
+func TestCacheCounters(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "credpool.db")
+	here, err := catalog.New(t.Context(), openDB(t, path), nil)
+	require.NoError(t, err)
+	db := openDB(t, path)
+	there, err := catalog.New(t.Context(), db, nil)
+	require.NoError(t, err)
+	put(t, there, testKey("k1"))
+	c := newCache(t, here, &catalog.CacheOptions{CountersEvery: 10 * time.Millisecond})
+	writer := newCache(t, there, &catalog.CacheOptions{FlushEvery: time.Hour})
+	gen := func() (g int64) {
+		require.NoError(t, db.QueryRowContext(t.Context(), `SELECT gen FROM catalog_generation`).Scan(&g))
+		return g
+	}
+	before := gen()
+	_, err = writer.Report(t.Context(), "k1", "lease-1", catalog.OutcomeSuccess, 0, t0)
+	require.NoError(t, err)
+	writer.MarkUsed("k1", t0)
+	require.NoError(t, writer.Flush(t.Context()))
+	_, err = there.Report(t.Context(), "k1", "lease-1", catalog.OutcomeAuthError, 0, t0)
+	require.NoError(t, err)
+	changed, err := there.RecoverCooldown(t.Context(), "k1", t0)
+	require.NoError(t, err)
+	require.False(t, changed)
+	require.Equal(t, before, gen(), "a flush, a repeated report and a recovery of nothing move no generation")
+
+	require.Eventually(t, func() bool {
+		keys, err := c.List(t.Context(), "openai", "default")
+		return err == nil && len(keys) == 1 && keys[0].Successes == 1 && keys[0].LastUsedAt.Equal(t0)
+	}, 10*time.Second, time.Millisecond)
 }
 
 // Readers, the writer and another process's writes at once (run with
@@ -267,22 +328,29 @@ func TestCacheConcurrent(t *testing.T) {
 	put(t, there, testKey("k1"))
 	c := newCache(t, here, &catalog.CacheOptions{MaxAge: time.Millisecond, FlushEvery: 100 * time.Millisecond})
 	stop := make(chan struct{})
+	errs := make(chan error, 4)
 	var wg sync.WaitGroup
 	for i := range 4 {
 		wg.Go(func() {
 			for n := 0; ; n++ {
 				select {
 				case <-stop:
+					errs <- nil
 					return
 				default:
 				}
 				_, err := c.List(t.Context(), "openai", "default")
-				require.NoError(t, err)
-				_, err = c.Get(t.Context(), "k1")
-				require.NoError(t, err)
-				c.MarkUsed("k1", time.Now())
-				_, err = c.Report(t.Context(), "k1", fmt.Sprintf("lease-%d-%d", i, n%10), catalog.OutcomeSuccess, 0, time.Now())
-				require.NoError(t, err)
+				if err == nil {
+					_, err = c.Get(t.Context(), "k1")
+				}
+				if err == nil {
+					c.MarkUsed("k1", time.Now())
+					_, err = c.Report(t.Context(), "k1", fmt.Sprintf("lease-%d-%d", i, n%10), catalog.OutcomeSuccess, 0, time.Now())
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
 			}
 		})
 	}
@@ -293,25 +361,37 @@ func TestCacheConcurrent(t *testing.T) {
 	}
 	close(stop)
 	wg.Wait()
+	for range 4 {
+		require.NoError(t, <-errs)
+	}
 	got, err := c.Key(t.Context(), "k1")
 	require.NoError(t, err)
 	require.Equal(t, 50, got.MaxConcurrentUses)
 }
 
-// A catalog whose generation went back (restored from a backup) is
-// reloaded whole.
+// A catalog restored from a backup reaches the cache's generation again
+// with other contents: the stamp tells, and the cache reloads every key.
 func TestCacheReloadsAllAfterRestore(t *testing.T) {
 	c, db := newCatalog(t)
 	put(t, c, testKey("k1"))
-	put(t, c, testKey("k2"))
 	cc := newCache(t, c, hour)
-	_, err := db.ExecContext(t.Context(), `DELETE FROM catalog_keys WHERE id = 'k1'`)
+	k, err := cc.Key(t.Context(), "k1")
 	require.NoError(t, err)
-	_, err = db.ExecContext(t.Context(), `UPDATE catalog_generation SET gen = 1`)
-	require.NoError(t, err)
+	require.Equal(t, optimistic.StatusAvailable, k.Status)
 
-	_, err = cc.Key(t.Context(), "k1")
-	require.ErrorIs(t, err, catalog.ErrNotFound)
-	_, err = cc.Key(t.Context(), "k2")
+	// The backup: one generation back, k1 disabled; then one write after
+	// the restore brings the generation to the number the cache holds.
+	for _, q := range []string{
+		`UPDATE catalog_keys SET status = 'disabled'`,
+		`DELETE FROM catalog_generations WHERE gen = (SELECT gen FROM catalog_generation)`,
+		`UPDATE catalog_generation SET gen = gen - 1, stamp = 'backup'`,
+	} {
+		_, err = db.ExecContext(t.Context(), q)
+		require.NoError(t, err, q)
+	}
+	put(t, c, testKey("k2"))
+
+	k, err = cc.Key(t.Context(), "k1")
 	require.NoError(t, err)
+	require.Equal(t, optimistic.StatusDisabled, k.Status)
 }

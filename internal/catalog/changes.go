@@ -3,14 +3,15 @@ package catalog
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"maps"
-	"slices"
 	"time"
 )
 
 // changes is what the catalog holds beyond a generation a Cache has seen.
 type changes struct {
-	gen int64
+	gen   int64
+	stamp string
 	// all says keys is every key: the cache drops what it had.
 	all bool
 	// keys changed (or all of them), secrets as stored (sealed); gone were
@@ -23,24 +24,29 @@ type changes struct {
 
 type alias struct{ provider, name string }
 
-// changesSince reads, in one read transaction (one consistent view), what
-// changed after generation since: the keys stamped later and the
-// tombstones of those deleted later, or every key when since is 0, older
-// than the tombstones kept, or newer than the catalog (restored from a
-// backup).
-func (s *SQL) changesSince(ctx context.Context, since int64) (changes, error) {
+// changesSince reads what changed after generation since, stamped stamp:
+// the keys stamped later and the tombstones of those deleted later; or
+// every key when since is 0, no longer logged, or logged with another
+// stamp (the catalog was restored from a backup). It is one read
+// transaction: on SQLite one consistent view; on PostgreSQL's READ
+// COMMITTED the generation is read first, so rows may be newer than it,
+// never older, and the next check reads them again.
+func (s *SQL) changesSince(ctx context.Context, since int64, stamp string) (changes, error) {
 	var c changes
 	err := s.db.Read(ctx, busyPolicy, func(tx *sql.Tx, _ int64) error {
 		c = changes{}
-		var pruned int64
-		if err := tx.QueryRowContext(ctx, `SELECT gen, pruned FROM catalog_generation WHERE id = 1`).Scan(&c.gen, &pruned); err != nil {
+		if err := tx.QueryRowContext(ctx, `SELECT gen, stamp FROM catalog_generation WHERE id = 1`).Scan(&c.gen, &c.stamp); err != nil {
 			return err
 		}
-		if c.gen == since {
+		if c.gen == since && c.stamp == stamp {
 			return nil
 		}
-		c.all = since == 0 || since < pruned || c.gen < since
-		var err error
+		var logged string
+		err := tx.QueryRowContext(ctx, `SELECT stamp FROM catalog_generations WHERE gen = ?`, since).Scan(&logged)
+		if err != nil && !errors.Is(err, sql.ErrNoRows) {
+			return err
+		}
+		c.all = since == 0 || logged != stamp
 		if c.all {
 			c.keys, err = queryKeys(ctx, tx, true, "")
 		} else {
@@ -98,8 +104,8 @@ func aliases(ctx context.Context, tx *sql.Tx) (map[alias]string, error) {
 	return out, rows.Err()
 }
 
-// use is what a Cache has to write behind for one key: reports counted
-// since the last flush, and the latest grant.
+// use is what a Cache has to write behind for one key: counts of reports
+// and the latest grant.
 type use struct {
 	successes, errors int64
 	lastUsed          time.Time
@@ -114,26 +120,20 @@ type report struct {
 
 // record writes a Cache's batch in one transaction: each report counts
 // once per lease, as Report's do (a lease already reported, here or by
-// Report, counts nothing), and last_used_at only moves later. Keys deleted
-// meanwhile are skipped.
-func (s *SQL) record(ctx context.Context, reports map[string]report, used map[string]time.Time) error {
-	return s.write(ctx, "record uses", func(tx *sql.Tx, gen int64) error {
-		byKey := make(map[string]*use)
-		get := func(id string) *use {
-			u := byKey[id]
-			if u == nil {
-				u = &use{}
-				byKey[id] = u
-			}
-			return u
-		}
+// Report, counts nothing); folded are counts whose leases were not kept
+// (see Cache); last_used_at only moves later. Keys deleted meanwhile are
+// skipped. It takes no generation: counters and last use only rank keys,
+// and Caches read them on their own schedule (CacheOptions.CountersEvery).
+func (s *SQL) record(ctx context.Context, reports map[string]report, folded map[string]use) error {
+	return s.db.Write(ctx, busyPolicy, func(tx *sql.Tx, now int64) error {
+		byKey := make(map[string]use, len(folded))
+		maps.Copy(byKey, folded)
 		insert, err := tx.PrepareContext(ctx, `INSERT INTO catalog_reports (lease_id, key_id, outcome, reported_at)
 		VALUES (?, ?, ?, ?) ON CONFLICT (lease_id) DO NOTHING`)
 		if err != nil {
 			return err
 		}
 		defer insert.Close()
-		var newest time.Time
 		for leaseID, r := range reports {
 			res, err := insert.ExecContext(ctx, leaseID, r.keyID, string(r.outcome), r.at.UnixMilli())
 			if err != nil {
@@ -145,44 +145,67 @@ func (s *SQL) record(ctx context.Context, reports map[string]report, used map[st
 				}
 				continue
 			}
+			u := byKey[r.keyID]
 			if r.outcome == OutcomeSuccess {
-				get(r.keyID).successes++
+				u.successes++
 			} else {
-				get(r.keyID).errors++
+				u.errors++
 			}
-			if r.at.After(newest) {
-				newest = r.at
-			}
+			byKey[r.keyID] = u
 		}
-		if len(reports) > 0 {
-			if _, err := tx.ExecContext(ctx, `DELETE FROM catalog_reports WHERE reported_at < ?`,
-				newest.Add(-ReportMemory).UnixMilli()); err != nil {
-				return err
-			}
-		}
-		for id, at := range used {
-			get(id).lastUsed = at
+		if _, err := tx.ExecContext(ctx, `DELETE FROM catalog_reports WHERE reported_at < ?`,
+			now-ReportMemory.Milliseconds()); err != nil {
+			return err
 		}
 		update, err := tx.PrepareContext(ctx, `UPDATE catalog_keys SET
 			successes = successes + ?, errors = errors + ?,
-			last_used_at = CASE WHEN ? > COALESCE(last_used_at, 0) THEN ? ELSE last_used_at END,
-			gen = ?
+			last_used_at = CASE WHEN ? > COALESCE(last_used_at, 0) THEN ? ELSE last_used_at END
 		WHERE id = ?`)
 		if err != nil {
 			return err
 		}
 		defer update.Close()
-		// In id order, so concurrent writers lock rows in one order.
-		for _, id := range slices.Sorted(maps.Keys(byKey)) {
-			u := byKey[id]
-			last := u.lastUsed.UnixMilli()
-			if u.lastUsed.IsZero() {
-				last = 0
+		for id, u := range byKey {
+			var last int64
+			if !u.lastUsed.IsZero() {
+				last = u.lastUsed.UnixMilli()
 			}
-			if _, err := update.ExecContext(ctx, u.successes, u.errors, last, last, gen, id); err != nil {
+			if _, err := update.ExecContext(ctx, u.successes, u.errors, last, last, id); err != nil {
 				return err
 			}
 		}
 		return nil
 	})
+}
+
+// counters is the part of a key written behind.
+type counters struct {
+	successes, errors, rateLimitHits int64
+	lastUsed                         time.Time
+}
+
+// readCounters reads every key's counters and last use.
+func (s *SQL) readCounters(ctx context.Context) (map[string]counters, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT id, successes, errors, rate_limit_hits, last_used_at FROM catalog_keys`)
+	if err != nil {
+		return nil, fail(ctx, "read counters", err)
+	}
+	defer rows.Close()
+	out := make(map[string]counters)
+	for rows.Next() {
+		var (
+			id   string
+			c    counters
+			used sql.NullInt64
+		)
+		if err := rows.Scan(&id, &c.successes, &c.errors, &c.rateLimitHits, &used); err != nil {
+			return nil, fail(ctx, "read counters", err)
+		}
+		c.lastUsed = fromMillis(used)
+		out[id] = c
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fail(ctx, "read counters", err)
+	}
+	return out, nil
 }

@@ -93,7 +93,9 @@ func (s *SQL) RecoverCooldown(ctx context.Context, id string, now time.Time) (bo
 		if err != nil {
 			return err
 		}
-		n, err = res.RowsAffected()
+		if n, err = res.RowsAffected(); err == nil && n == 0 {
+			err = errUnchanged
+		}
 		return err
 	})
 	return n > 0, err
@@ -156,7 +158,10 @@ func (s *SQL) Report(ctx context.Context, id, leaseID string, o Outcome, retryAf
 		}
 		if n, err := res.RowsAffected(); err != nil || n == 0 {
 			if err == nil {
-				k, err = getKey(ctx, tx, id, false)
+				// Counted before: nothing changes.
+				if k, err = getKey(ctx, tx, id, false); err == nil {
+					err = errUnchanged
+				}
 			}
 			return err
 		}

@@ -60,24 +60,31 @@ var schema = sqlitex.Schema{Table: "catalog_schema", Steps: [][]string{
 		`ALTER TABLE catalog_keys ADD COLUMN synced_store TEXT`,
 		`ALTER TABLE catalog_keys ADD COLUMN quarantine_until BIGINT`,
 	},
-	// The generation (see Cache): every write transaction takes the next
-	// one first and stamps the key rows it changes with it; a deleted key
-	// leaves a tombstone. A reader holding generation g reloads the rows
-	// and tombstones above g. pruned is the highest generation of a
-	// tombstone removed since: a reader below it reloads everything.
+	// The generation (see Cache): every write transaction that changes
+	// keys or aliases takes the next one, with a random stamp, first; it
+	// stamps the key rows it changes with it, and a deleted key leaves a
+	// tombstone. catalog_generations logs recent generations' stamps, so
+	// a reader holding generation g (and its stamp) knows whether the rows
+	// and tombstones above g are all it missed: a generation that repeats
+	// with another stamp (a restored backup written to since) or is no
+	// longer logged means reading everything.
 	{
 		`CREATE TABLE catalog_generation (
-			id     INTEGER PRIMARY KEY,
-			gen    BIGINT NOT NULL,
-			pruned BIGINT NOT NULL
+			id    INTEGER PRIMARY KEY,
+			gen   BIGINT NOT NULL,
+			stamp TEXT NOT NULL
 		)`,
-		`INSERT INTO catalog_generation (id, gen, pruned) VALUES (1, 1, 0)`,
+		`INSERT INTO catalog_generation (id, gen, stamp) VALUES (1, 1, 'first')`,
+		`CREATE TABLE catalog_generations (
+			gen   BIGINT PRIMARY KEY,
+			stamp TEXT NOT NULL
+		)`,
+		`INSERT INTO catalog_generations (gen, stamp) VALUES (1, 'first')`,
 		`ALTER TABLE catalog_keys ADD COLUMN gen BIGINT NOT NULL DEFAULT 1`,
 		`CREATE INDEX catalog_keys_gen ON catalog_keys (gen)`,
 		`CREATE TABLE catalog_tombstones (
-			key_id     TEXT NOT NULL,
-			gen        BIGINT NOT NULL,
-			deleted_at BIGINT NOT NULL
+			key_id TEXT NOT NULL,
+			gen    BIGINT NOT NULL
 		)`,
 		`CREATE INDEX catalog_tombstones_gen ON catalog_tombstones (gen)`,
 	},

@@ -2,6 +2,7 @@ package catalog
 
 import (
 	"context"
+	"crypto/rand"
 	"database/sql"
 	"errors"
 
@@ -16,31 +17,49 @@ import (
 // a jittered pause.
 var busyPolicy = retry.Policy{}
 
-// nextGen takes the catalog's next generation: the first statement of
-// every write transaction, so SQLite takes its write lock up front and
-// PostgreSQL orders the writers on this row.
-const nextGen = `UPDATE catalog_generation SET gen = gen + 1 WHERE id = 1 RETURNING gen`
+// generationMemory is how many generations catalog_generations and the
+// tombstones remember: a Cache further behind reloads everything.
+const generationMemory = 10_000
+
+// errUnchanged ends a write transaction that found nothing to change: it
+// rolls back, so the generation does not move, and write returns nil.
+var errUnchanged = errors.New("catalog: nothing to change")
 
 // write runs fn in one write transaction, queued on the database's write
 // gate with the lease store and the request log, and commits if fn
-// succeeds; otherwise it rolls back and nothing is written. The
-// transaction first takes the next generation, gen, and fn stamps every
-// key row it changes with it (gen = ?): that is how a Cache, in this
-// process or another, learns what changed. A busy transaction runs again,
-// so fn must have no effect outside tx but assigning its results.
+// succeeds; otherwise it rolls back and nothing is written (fn returns
+// errUnchanged when it found nothing to do). The transaction first takes
+// the next generation, gen, with a random stamp (a write, so SQLite takes
+// its lock up front and PostgreSQL orders the writers on that row), and fn
+// stamps every key row it changes with it (gen = ?): that is how a Cache,
+// in this process or another, learns what changed. A busy transaction runs
+// again, so fn must have no effect outside tx but assigning its results.
 func (s *SQL) write(ctx context.Context, op string, fn func(tx *sql.Tx, gen int64) error) error {
 	err := s.db.Write(ctx, busyPolicy, func(tx *sql.Tx, _ int64) error {
+		stamp := rand.Text()
 		var gen int64
-		if err := tx.QueryRowContext(ctx, nextGen).Scan(&gen); err != nil {
+		if err := tx.QueryRowContext(ctx, `UPDATE catalog_generation SET gen = gen + 1, stamp = ? WHERE id = 1 RETURNING gen`,
+			stamp).Scan(&gen); err != nil {
 			return err
+		}
+		if _, err := tx.ExecContext(ctx, `INSERT INTO catalog_generations (gen, stamp) VALUES (?, ?)`, gen, stamp); err != nil {
+			return err
+		}
+		if gen%256 == 0 {
+			for _, table := range []string{"catalog_generations", "catalog_tombstones"} {
+				if _, err := tx.ExecContext(ctx, `DELETE FROM `+table+` WHERE gen <= ?`, gen-generationMemory); err != nil {
+					return err
+				}
+			}
 		}
 		return fn(tx, gen)
 	})
-	if err != nil {
-		return fail(ctx, op, err)
-	}
+	// Counted even if the commit's reply was lost: List then checks.
 	s.writes.Add(1)
-	return nil
+	if errors.Is(err, errUnchanged) {
+		return nil
+	}
+	return fail(ctx, op, err)
 }
 
 // fail classifies a database error the way the lease stores do, so one

@@ -253,13 +253,8 @@ func (s *SQL) List(ctx context.Context, provider, pool string) ([]Key, error) {
 	return keys, nil
 }
 
-// tombstoneMemory is how long a deleted key's tombstone is kept: a Cache
-// that last looked longer ago than that reloads every key.
-const tombstoneMemory = time.Hour
-
 // Delete removes the key and its models, or returns ErrNotFound. It leaves
-// a tombstone for Caches to see, and prunes those older than
-// tombstoneMemory.
+// a tombstone for Caches to see.
 func (s *SQL) Delete(ctx context.Context, id string) error {
 	return s.write(ctx, fmt.Sprintf("delete key %q", id), func(tx *sql.Tx, gen int64) error {
 		res, err := tx.ExecContext(ctx, `DELETE FROM catalog_keys WHERE id = ?`, id)
@@ -269,17 +264,7 @@ func (s *SQL) Delete(ctx context.Context, id string) error {
 		if _, err = tx.ExecContext(ctx, `DELETE FROM catalog_key_models WHERE key_id = ?`, id); err != nil {
 			return err
 		}
-		now := time.Now().UnixMilli()
-		if _, err = tx.ExecContext(ctx, `INSERT INTO catalog_tombstones (key_id, gen, deleted_at) VALUES (?, ?, ?)`,
-			id, gen, now); err != nil {
-			return err
-		}
-		old := now - tombstoneMemory.Milliseconds()
-		if _, err = tx.ExecContext(ctx, `UPDATE catalog_generation SET pruned = CASE WHEN x.gen > pruned THEN x.gen ELSE pruned END
-			FROM (SELECT MAX(gen) AS gen FROM catalog_tombstones WHERE deleted_at < ?) AS x WHERE id = 1 AND x.gen IS NOT NULL`, old); err != nil {
-			return err
-		}
-		_, err = tx.ExecContext(ctx, `DELETE FROM catalog_tombstones WHERE deleted_at < ?`, old)
+		_, err = tx.ExecContext(ctx, `INSERT INTO catalog_tombstones (key_id, gen) VALUES (?, ?)`, id, gen)
 		return err
 	})
 }
