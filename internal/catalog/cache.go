@@ -394,7 +394,7 @@ func (c *Cache) writer(ctx context.Context, flushEvery, countersEvery time.Durat
 			err = c.readAllCounters(ctx)
 		}
 		if err != nil && ctx.Err() == nil {
-			c.log.Warn("catalog: "+err.Error())
+			c.log.Warn("catalog: " + err.Error())
 		}
 	}
 }
