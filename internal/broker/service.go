@@ -87,8 +87,10 @@ func (b *Broker) revoke(ctx context.Context, ref optimistic.LeaseRef, why string
 //   - success and error only count (written behind, see catalog.Cache):
 //     the release comes first and is the check that the lease is held; a
 //     lost lease, or one of another provider or pool, is that error and
-//     counts nothing. If the store fails, the outcome counts, the error is
-//     returned and the release is retried in the background.
+//     counts nothing. If the store fails, the outcome counts (the caller
+//     did use the key), the error is returned and the release is retried
+//     in the background; a report retried after that retry released the
+//     lease answers ErrLeaseLost, and counted once.
 //   - rate_limited (a cooldown of retryAfter) and auth_error (disabled)
 //     change the key: the lease is checked first without giving it up, the
 //     catalog written, the key's new state pushed to the store so no new

@@ -49,7 +49,8 @@ type Options struct {
 
 // New returns the catalog on db after migrating its schema to the latest
 // version (tables catalog_schema, catalog_keys, catalog_key_models,
-// catalog_model_aliases). Migrating is idempotent and safe when several
+// catalog_model_aliases, catalog_reports, catalog_generation,
+// catalog_generations, catalog_tombstones). Migrating is idempotent and safe when several
 // processes start at once; a failed migration leaves the previous version.
 // Its writes queue on db's write gate, with those of every other user of
 // db in this process.
@@ -242,8 +243,8 @@ func (s *SQL) stale(ctx context.Context, tx *sql.Tx) ([]storedSecret, error) {
 
 // List returns the keys of provider and pool, ordered by id; "" matches
 // any provider or pool. It leaves every Secret empty: ranking and listing
-// never need one, so secrets stay in the database until Get asks for the
-// one key handed out.
+// never need one. (A Cache holds the secrets as stored, apart from the
+// keys it lists, and opens only the one Get hands out.)
 func (s *SQL) List(ctx context.Context, provider, pool string) ([]Key, error) {
 	where, args := keyFilter(provider, pool)
 	keys, err := queryKeys(ctx, s.db, false, whereClause(where), args...)
