@@ -3,7 +3,6 @@ package catalog
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 
 	"github.com/credpool/credpool/optimistic"
@@ -28,19 +27,4 @@ func (s *SQL) SetAlias(ctx context.Context, provider, alias, model string) error
 		ON CONFLICT (provider, alias) DO UPDATE SET model = excluded.model`, provider, alias, model)
 		return err
 	})
-}
-
-// ResolveModel returns the canonical model that model names for provider:
-// its alias target, or model itself when it is no alias.
-func (s *SQL) ResolveModel(ctx context.Context, provider, model string) (string, error) {
-	var canonical string
-	err := s.db.QueryRowContext(ctx, `SELECT model FROM catalog_model_aliases WHERE provider = ? AND alias = ?`,
-		provider, model).Scan(&canonical)
-	switch {
-	case errors.Is(err, sql.ErrNoRows):
-		return model, nil
-	case err != nil:
-		return "", fail(ctx, fmt.Sprintf("resolve model %q of %q", model, provider), err)
-	}
-	return canonical, nil
 }

@@ -10,9 +10,10 @@ import (
 
 func TestAliases(t *testing.T) {
 	c, _ := newCatalog(t)
+	cc := newCache(t, c, nil)
 	resolve := func(provider, model string) string {
 		t.Helper()
-		got, err := c.ResolveModel(t.Context(), provider, model)
+		got, err := cc.ResolveModel(t.Context(), provider, model)
 		require.NoError(t, err)
 		return got
 	}

@@ -251,8 +251,9 @@ func (c *Cache) Get(ctx context.Context, id string) (Key, error) {
 	return k, nil
 }
 
-// ResolveModel is SQL.ResolveModel from a snapshot of the current
-// generation.
+// ResolveModel returns the canonical model that model names for provider
+// (see SQL.SetAlias): its alias target, or model itself when it is no
+// alias; from a snapshot of the current generation.
 func (c *Cache) ResolveModel(ctx context.Context, provider, model string) (string, error) {
 	s, err := c.current(ctx, true)
 	if err != nil {

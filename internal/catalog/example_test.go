@@ -43,15 +43,22 @@ func Example() {
 		panic(err)
 	}
 
-	model, err := cat.ResolveModel(ctx, "openai", "gpt-4o")
+	// The request path reads a Cache: memory, and one row to learn whether
+	// the catalog changed.
+	cache, err := catalog.NewCache(ctx, cat, nil)
 	if err != nil {
 		panic(err)
 	}
-	keys, err := cat.List(ctx, "openai", "default")
+	defer cache.Close(ctx)
+	model, err := cache.ResolveModel(ctx, "openai", "gpt-4o")
 	if err != nil {
 		panic(err)
 	}
-	k, err := cat.Get(ctx, keys[0].ID)
+	keys, err := cache.List(ctx, "openai", "default")
+	if err != nil {
+		panic(err)
+	}
+	k, err := cache.Get(ctx, keys[0].ID)
 	if err != nil {
 		panic(err)
 	}
