@@ -64,9 +64,9 @@ func TestReportRecordsBeforeReleasing(t *testing.T) {
 	require.Equal(t, optimistic.StatusRateLimited, e.info(t, "a").Status, "the store knows before the slot is free")
 }
 
-// A report whose release met a store outage has counted; retried, it
-// finishes the release (or finds the broker's background retry did) and
-// never counts twice.
+// A success report whose release met a store outage has not counted;
+// retried, it finishes the release and counts (or finds the broker's
+// background retry was first, and counts nothing): never twice.
 func TestReportRetriedAfterFailedRelease(t *testing.T) {
 	e, s, b := hooked(t, 1)
 	g := allocate(t, b, req("default"))
@@ -74,15 +74,19 @@ func TestReportRetriedAfterFailedRelease(t *testing.T) {
 	s.releaseDown.Store(true)
 	err := b.Report(t.Context(), g.LeaseRef, catalog.OutcomeSuccess, 0)
 	require.ErrorIs(t, err, optimistic.ErrStore)
-	require.Equal(t, int64(1), e.get(t, "a").Successes)
+	require.Zero(t, e.get(t, "a").Successes)
 	s.releaseDown.Store(false)
 
+	want := int64(1)
 	err = b.Report(t.Context(), g.LeaseRef, catalog.OutcomeSuccess, 0)
 	if err != nil {
 		require.ErrorIs(t, err, optimistic.ErrLeaseLost, "only the background retry may have been first")
+		want = 0
 	}
 	eventually(t, "released", func() bool { return e.live(t, "a") == 0 })
-	require.Equal(t, int64(1), e.get(t, "a").Successes, "counted once")
+	require.Equal(t, want, e.get(t, "a").Successes)
+	require.ErrorIs(t, b.Report(t.Context(), g.LeaseRef, catalog.OutcomeSuccess, 0), optimistic.ErrLeaseLost)
+	require.Equal(t, want, e.get(t, "a").Successes, "never counted twice")
 }
 
 // A release that met a store outage comes back as soon as the store does,

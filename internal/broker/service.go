@@ -80,17 +80,18 @@ func (b *Broker) revoke(ctx context.Context, ref optimistic.LeaseRef, why string
 
 // Report records the outcome of the caller's use of its lease in the
 // catalog and releases the lease. A report counts only for a lease the
-// caller still holds, and once per lease (the catalog remembers the lease),
-// so a report retried after its release failed (the store was down)
-// completes the release without counting twice.
+// caller still holds, and once per lease, so a report retried after its
+// release failed (the store was down) completes the release without
+// counting twice.
 //
 //   - success and error only count (written behind, see catalog.Cache):
-//     the release comes first and is the check that the lease is held; a
-//     lost lease, or one of another provider or pool, is that error and
-//     counts nothing. If the store fails, the outcome counts (the caller
-//     did use the key), the error is returned and the release is retried
-//     in the background; a report retried after that retry released the
-//     lease answers ErrLeaseLost, and counted once.
+//     the release comes first, and the outcome counts if it took the lease
+//     back, so once per lease; a lost lease, or one of another provider or
+//     pool, is that error and counts nothing. If the store fails, the
+//     error is returned and the release retried in the background; the
+//     report sent again counts, unless that retry released the lease
+//     first (it then answers ErrLeaseLost, and the count is lost: counts
+//     only rank keys).
 //   - rate_limited (a cooldown of retryAfter) and auth_error (disabled)
 //     change the key: the lease is checked first without giving it up, the
 //     catalog written, the key's new state pushed to the store so no new
@@ -130,15 +131,15 @@ func (b *Broker) Report(ctx context.Context, ref optimistic.LeaseRef, o catalog.
 }
 
 // count is Report for an outcome that changes no state: release, then
-// count unless the lease was not held.
+// count if the release took the lease back.
 func (b *Broker) count(ctx context.Context, ref optimistic.LeaseRef, o catalog.Outcome) error {
-	released := b.Release(ctx, ref)
-	if errors.Is(released, optimistic.ErrLeaseLost) || errors.Is(released, optimistic.ErrInvalid) {
-		return released
+	if err := b.Release(ctx, ref); err != nil {
+		return err
 	}
 	_, err := b.catalog.Report(ctx, ref.KeyID, ref.LeaseID, o, 0, time.Now())
 	if err != nil && !errors.Is(err, catalog.ErrNotFound) {
-		return errors.Join(released, catalogErr(ctx, "report", err))
+		// Released: the caller is done; the count is lost, as in a crash.
+		b.log.WarnContext(ctx, "count a report", "key_id", ref.KeyID, "lease_id", ref.LeaseID, "err", err)
 	}
-	return released
+	return nil
 }

@@ -40,8 +40,9 @@ import (
 // is set), apart from the keys: the keys List returns carry none, and Get
 // opens the one it returns.
 //
-// MarkUsed and the success and error outcomes of Report are kept in memory
-// and written every FlushEvery, and by Flush and Close; they take no
+// MarkUsed and the success and error outcomes of Report are summed in
+// memory per key (so memory stays bounded by the number of keys) and
+// written every FlushEvery, and by Flush and Close; they take no
 // generation, and the snapshot reads everyone's counters every
 // CountersEvery (this process's last grants it knows at once). A crash
 // loses what was not written yet: the last FlushEvery, or all since the
@@ -53,22 +54,18 @@ import (
 // Close are not written.
 type Cache struct {
 	*SQL
-	maxAge     time.Duration
-	maxPending int
-	log        *slog.Logger
-	gen        *sql.Stmt
+	maxAge time.Duration
+	log    *slog.Logger
+	gen    *sql.Stmt
 
 	snap   atomic.Pointer[snapshot]
 	reload chan struct{} // one reload at a time
 
-	mu sync.Mutex // guards the maps below
-	// reports waits to be written, by lease; uses holds each key's last
-	// grant and the counts of reports whose leases were not kept.
-	reports map[string]report
-	uses    map[string]use
+	mu sync.Mutex // guards uses and recent
+	// uses waits to be written: each key's counts and last grant.
+	uses map[string]use
 	// recent is this process's last grant of each key, for List.
 	recent map[string]time.Time
-	folded bool // some reports were counted without their lease
 
 	stop      context.CancelFunc // ends the writer's work
 	done      chan struct{}
@@ -91,12 +88,6 @@ type CacheOptions struct {
 	//
 	// default: 10s
 	CountersEvery time.Duration
-	// MaxPending bounds the reports kept by lease while the catalog takes
-	// no writes; past it a report counts without its lease, so the same
-	// lease reported again may count twice.
-	//
-	// default: 100,000
-	MaxPending int
 	// Logger gets a line when a flush fails (the batch is kept and tried
 	// again); key ids only.
 	//
@@ -122,9 +113,6 @@ type snapshot struct {
 
 type poolID struct{ provider, pool string }
 
-// flushChunk bounds the reports one flush transaction writes.
-const flushChunk = 1000
-
 // flushTimeout bounds one flush by the writer.
 const flushTimeout = 10 * time.Second
 
@@ -137,9 +125,6 @@ func NewCache(ctx context.Context, s *SQL, opts *CacheOptions) (*Cache, error) {
 	o.MaxAge = positive(o.MaxAge, 100*time.Millisecond)
 	o.FlushEvery = positive(o.FlushEvery, time.Second)
 	o.CountersEvery = positive(o.CountersEvery, 10*time.Second)
-	if o.MaxPending <= 0 {
-		o.MaxPending = 100_000
-	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
@@ -148,10 +133,10 @@ func NewCache(ctx context.Context, s *SQL, opts *CacheOptions) (*Cache, error) {
 		return nil, fail(ctx, "prepare", err)
 	}
 	c := &Cache{
-		SQL: s, maxAge: o.MaxAge, maxPending: o.MaxPending, log: o.Logger, gen: gen,
-		reload:  make(chan struct{}, 1),
-		reports: make(map[string]report), uses: make(map[string]use), recent: make(map[string]time.Time),
-		done: make(chan struct{}),
+		SQL: s, maxAge: o.MaxAge, log: o.Logger, gen: gen,
+		reload: make(chan struct{}, 1),
+		uses:   make(map[string]use), recent: make(map[string]time.Time),
+		done:   make(chan struct{}),
 	}
 	ch, err := s.changesSince(ctx, 0, "")
 	if err != nil {
@@ -279,18 +264,15 @@ func (c *Cache) MarkUsed(id string, at time.Time) {
 	}
 }
 
-// Report is SQL.Report, with success and error written behind: it checks
-// that the key is in the snapshot (as List sees it: a key deleted
-// meanwhile is skipped by the flush), notes the outcome and returns the
-// key from the snapshot, without the counts not yet written. A lease
-// reported again before the flush counts once, as do the other outcomes of
-// a lease whose success or error waits to be written (they change
-// nothing). Arguments are checked as SQL.Report does.
+// Report is SQL.Report, with success and error counted in memory and
+// written behind: it checks that the key is in the snapshot (as List sees
+// it: a key deleted meanwhile is skipped by the flush), counts the outcome
+// and returns the key from the snapshot, without the counts not yet
+// written. Unlike SQL.Report it does not remember the lease: the caller
+// counts each lease once (the broker counts a success or error only when
+// its release took the lease back). Other outcomes go to SQL.Report.
 func (c *Cache) Report(ctx context.Context, id, leaseID string, o Outcome, retryAfter time.Duration, now time.Time) (Key, error) {
-	c.mu.Lock()
-	_, pending := c.reports[leaseID]
-	c.mu.Unlock()
-	if !o.Valid() || leaseID == "" || (o != OutcomeSuccess && o != OutcomeError && !pending) {
+	if (o != OutcomeSuccess && o != OutcomeError) || leaseID == "" {
 		return c.SQL.Report(ctx, id, leaseID, o, retryAfter, now)
 	}
 	s, err := c.current(ctx, false)
@@ -303,17 +285,6 @@ func (c *Cache) Report(ctx context.Context, id, leaseID string, o Outcome, retry
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if _, ok := c.reports[leaseID]; ok {
-		return k, nil
-	}
-	if len(c.reports) < c.maxPending {
-		c.reports[leaseID] = report{keyID: id, outcome: o, at: now}
-		return k, nil
-	}
-	if !c.folded {
-		c.folded = true
-		c.log.Warn("catalog: reports pile up unwritten; counting them without their leases from now on", "pending", len(c.reports))
-	}
 	u := c.uses[id]
 	if o == OutcomeSuccess {
 		u.successes++
@@ -324,55 +295,31 @@ func (c *Cache) Report(ctx context.Context, id, leaseID string, o Outcome, retry
 	return k, nil
 }
 
-// Flush writes the uses noted so far, in transactions of at most
-// flushChunk reports. What a failed transaction held is kept for the next
-// flush.
+// Flush writes the uses noted so far in one transaction. If it fails they
+// are kept for the next flush.
 func (c *Cache) Flush(ctx context.Context) error {
 	c.mu.Lock()
-	reports, uses := c.reports, c.uses
-	c.reports, c.uses = make(map[string]report), make(map[string]use)
+	uses := c.uses
+	c.uses = make(map[string]use)
 	c.mu.Unlock()
-	for len(reports) > 0 || len(uses) > 0 {
-		chunk := make(map[string]report, min(len(reports), flushChunk))
-		for id, r := range reports {
-			if len(chunk) == flushChunk {
-				break
+	if len(uses) == 0 {
+		return nil
+	}
+	err := c.record(ctx, uses)
+	if err != nil {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		for id, u := range uses {
+			v := c.uses[id]
+			v.successes += u.successes
+			v.errors += u.errors
+			if u.lastUsed.After(v.lastUsed) {
+				v.lastUsed = u.lastUsed
 			}
-			chunk[id] = r
-		}
-		if err := c.record(ctx, chunk, uses); err != nil {
-			c.keep(reports, uses)
-			return err
-		}
-		for id := range chunk {
-			delete(reports, id)
-		}
-		uses = nil
-	}
-	return nil
-}
-
-// keep puts back what a flush failed to write.
-func (c *Cache) keep(reports map[string]report, uses map[string]use) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for id, r := range reports {
-		if _, ok := c.reports[id]; !ok {
-			c.reports[id] = r
+			c.uses[id] = v
 		}
 	}
-	for id, u := range uses {
-		v := c.uses[id]
-		v.successes += u.successes
-		v.errors += u.errors
-		if u.lastUsed.After(v.lastUsed) {
-			v.lastUsed = u.lastUsed
-		}
-		c.uses[id] = v
-	}
-	if len(c.reports) < c.maxPending {
-		c.folded = false
-	}
+	return err
 }
 
 func (c *Cache) writer(ctx context.Context, flushEvery, countersEvery time.Duration) {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"maps"
 	"time"
 )
 
@@ -111,52 +110,12 @@ type use struct {
 	lastUsed          time.Time
 }
 
-// report is one success or error report waiting to be written, by lease.
-type report struct {
-	keyID   string
-	outcome Outcome
-	at      time.Time
-}
-
-// record writes a Cache's batch in one transaction: each report counts
-// once per lease, as Report's do (a lease already reported, here or by
-// Report, counts nothing); folded are counts whose leases were not kept
-// (see Cache); last_used_at only moves later. Keys deleted meanwhile are
-// skipped. It takes no generation: counters and last use only rank keys,
-// and Caches read them on their own schedule (CacheOptions.CountersEvery).
-func (s *SQL) record(ctx context.Context, reports map[string]report, folded map[string]use) error {
-	return s.db.Write(ctx, busyPolicy, func(tx *sql.Tx, now int64) error {
-		byKey := make(map[string]use, len(folded))
-		maps.Copy(byKey, folded)
-		insert, err := tx.PrepareContext(ctx, `INSERT INTO catalog_reports (lease_id, key_id, outcome, reported_at)
-		VALUES (?, ?, ?, ?) ON CONFLICT (lease_id) DO NOTHING`)
-		if err != nil {
-			return err
-		}
-		defer insert.Close()
-		for leaseID, r := range reports {
-			res, err := insert.ExecContext(ctx, leaseID, r.keyID, string(r.outcome), r.at.UnixMilli())
-			if err != nil {
-				return err
-			}
-			if n, err := res.RowsAffected(); err != nil || n == 0 {
-				if err != nil {
-					return err
-				}
-				continue
-			}
-			u := byKey[r.keyID]
-			if r.outcome == OutcomeSuccess {
-				u.successes++
-			} else {
-				u.errors++
-			}
-			byKey[r.keyID] = u
-		}
-		if _, err := tx.ExecContext(ctx, `DELETE FROM catalog_reports WHERE reported_at < ?`,
-			now-ReportMemory.Milliseconds()); err != nil {
-			return err
-		}
+// record writes a Cache's sums in one transaction; last_used_at only moves
+// later, and keys deleted meanwhile are skipped. It takes no generation:
+// counters and last use only rank keys, and Caches read them on their own
+// schedule (CacheOptions.CountersEvery).
+func (s *SQL) record(ctx context.Context, uses map[string]use) error {
+	return s.db.Write(ctx, busyPolicy, func(tx *sql.Tx, _ int64) error {
 		update, err := tx.PrepareContext(ctx, `UPDATE catalog_keys SET
 			successes = successes + ?, errors = errors + ?,
 			last_used_at = CASE WHEN ? > COALESCE(last_used_at, 0) THEN ? ELSE last_used_at END
@@ -165,7 +124,7 @@ func (s *SQL) record(ctx context.Context, reports map[string]report, folded map[
 			return err
 		}
 		defer update.Close()
-		for id, u := range byKey {
+		for id, u := range uses {
 			var last int64
 			if !u.lastUsed.IsZero() {
 				last = u.lastUsed.UnixMilli()
