@@ -136,7 +136,7 @@ func NewCache(ctx context.Context, s *SQL, opts *CacheOptions) (*Cache, error) {
 		SQL: s, maxAge: o.MaxAge, log: o.Logger, gen: gen,
 		reload: make(chan struct{}, 1),
 		uses:   make(map[string]use), recent: make(map[string]time.Time),
-		done:   make(chan struct{}),
+		done: make(chan struct{}),
 	}
 	ch, err := s.changesSince(ctx, 0, "")
 	if err != nil {
