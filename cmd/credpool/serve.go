@@ -40,6 +40,7 @@ type serveConfig struct {
 	idleTimeout  time.Duration
 	maxLease     time.Duration
 	minReplicas  int
+	inspect      int
 }
 
 // serveEnv names each flag's environment fallback, applied before the
@@ -57,6 +58,7 @@ var serveEnv = []struct{ flag, env string }{
 	{"idle-timeout", "CREDPOOL_IDLE_TIMEOUT"},
 	{"max-lease", "CREDPOOL_MAX_LEASE"},
 	{"redis-min-replicas", "CREDPOOL_REDIS_MIN_REPLICAS"},
+	{"inspect", "CREDPOOL_INSPECT"},
 }
 
 func parseServe(args []string) (serveConfig, error) {
@@ -76,6 +78,7 @@ func parseServe(args []string) (serveConfig, error) {
 	fs.DurationVar(&c.idleTimeout, "idle-timeout", 60*time.Second, "longest an idle keep-alive connection stays open (env CREDPOOL_IDLE_TIMEOUT)")
 	fs.DurationVar(&c.maxLease, "max-lease", broker.DefaultMaxLease, "longest lease granted or renewed to; also how long a key the lease store lost is held back (env CREDPOOL_MAX_LEASE)")
 	fs.IntVar(&c.minReplicas, "redis-min-replicas", 0, "replicas that must acknowledge a grant or renewal (WAIT); 0: none; needs --redis (env CREDPOOL_REDIS_MIN_REPLICAS)")
+	fs.IntVar(&c.inspect, "inspect", broker.DefaultInspect, "candidates per allocate, the best by the catalog, whose live state is read from the store and ranked with it; 0: all (env CREDPOOL_INSPECT)")
 	for _, e := range serveEnv {
 		if v, ok := os.LookupEnv(e.env); ok {
 			if err := fs.Set(e.flag, v); err != nil {
@@ -94,6 +97,9 @@ func parseServe(args []string) (serveConfig, error) {
 	}
 	if c.minReplicas < 0 {
 		return c, errors.New("serve: --redis-min-replicas must be 0 or more")
+	}
+	if c.inspect < 0 {
+		return c, errors.New("serve: --inspect must be 0 (all) or more")
 	}
 	if c.minReplicas > 0 && c.redisURL == "" {
 		return c, errors.New("serve: --redis-min-replicas needs --redis: the SQLite store has no replicas")
@@ -140,7 +146,7 @@ func serve(args []string) error {
 	app, err := server.New(ctx, server.Config{
 		DB: db, Sealer: sealer,
 		RedisURL: cfg.redisURL, RedisCluster: cfg.redisCluster, MinReplicas: cfg.minReplicas,
-		InternalKey: cfg.internalKey, AdminKey: cfg.adminKey,
+		InternalKey: cfg.internalKey, AdminKey: cfg.adminKey, Inspect: inspect(cfg.inspect),
 		Weights: &weights, Pools: pools, MaxLease: cfg.maxLease, RequestTimeout: requestTimeout,
 		Logger: log,
 	})
@@ -346,4 +352,12 @@ func seedDemo(ctx context.Context, cat *catalog.SQL, admin *broker.Admin) error 
 		}
 	}
 	return nil
+}
+
+// inspect is --inspect as broker.Options.Inspect takes it: 0 is all.
+func inspect(n int) int {
+	if n == 0 {
+		return -1
+	}
+	return n
 }

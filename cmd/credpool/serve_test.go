@@ -290,6 +290,8 @@ func TestServeRejectsBadTimeouts(t *testing.T) {
 	require.ErrorContains(t, err, "--max-lease")
 	_, err = parseServe([]string{"--redis-min-replicas", "-1"})
 	require.ErrorContains(t, err, "--redis-min-replicas")
+	_, err = parseServe([]string{"--inspect", "-1"})
+	require.ErrorContains(t, err, "--inspect")
 	t.Setenv("CREDPOOL_IDLE_TIMEOUT", "soon")
 	_, err = parseServe(nil)
 	require.ErrorContains(t, err, "CREDPOOL_IDLE_TIMEOUT")
@@ -303,7 +305,7 @@ func TestServeReadsEnv(t *testing.T) {
 		"CREDPOOL_LISTEN": "127.0.0.1:9", "CREDPOOL_REDIS_URL": "redis://r:6379/2", "CREDPOOL_DB": "c.db",
 		"CREDPOOL_INTERNAL_KEY": "i", "CREDPOOL_ADMIN_KEY": "a", "CREDPOOL_WEIGHTS": "idle=1",
 		"CREDPOOL_POOL_FALLBACK": "a=b", "CREDPOOL_READ_TIMEOUT": "3s", "CREDPOOL_IDLE_TIMEOUT": "4s",
-		"CREDPOOL_MAX_LEASE": "5m", "CREDPOOL_REDIS_MIN_REPLICAS": "2",
+		"CREDPOOL_MAX_LEASE": "5m", "CREDPOOL_REDIS_MIN_REPLICAS": "2", "CREDPOOL_INSPECT": "8",
 	} {
 		t.Setenv(env, v)
 	}
@@ -312,7 +314,7 @@ func TestServeReadsEnv(t *testing.T) {
 	require.Equal(t, serveConfig{
 		listen: "127.0.0.1:9", redisURL: "redis://r:6379/2", db: "c.db", internalKey: "i", adminKey: "a",
 		weights: "idle=1", fallback: "a=b", readTimeout: 3 * time.Second, idleTimeout: 4 * time.Second,
-		maxLease: 5 * time.Minute, minReplicas: 2,
+		maxLease: 5 * time.Minute, minReplicas: 2, inspect: 8,
 	}, c)
 	c, err = parseServe([]string{"--db", "flag.db", "--read-timeout", "7s"})
 	require.NoError(t, err)

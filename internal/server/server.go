@@ -53,6 +53,11 @@ type Config struct {
 	//
 	// default: broker.DefaultPoolOrder()
 	Pools broker.PoolOrder
+	// Inspect is broker.Options.Inspect: how many candidates per allocate
+	// have their live state read from the store.
+	//
+	// default: broker.DefaultInspect; negative: all
+	Inspect int
 	// MaxLease is the longest lease granted or renewed to, and how long a
 	// key the store lost is held back; the broker and the handlers get the
 	// same.
@@ -129,7 +134,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, err
 	}
 	opts := &broker.Options{
-		Weights: cfg.Weights, Pools: cfg.Pools, Requests: st.requests, Logger: cfg.Logger,
+		Weights: cfg.Weights, Pools: cfg.Pools, Inspect: cfg.Inspect, Requests: st.requests, Logger: cfg.Logger,
 		MaxLease: cfg.MaxLease, Losses: broker.NewLosses(), StoreID: st.id,
 	}
 	admin := broker.NewAdmin(cat, st.leases, opts)
