@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -239,7 +240,7 @@ func (s *hookStore) Allocate(ctx context.Context, req optimistic.AllocateRequest
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.calls = append(s.calls, allocCall{pool: req.Pool, order: req.Candidates, granted: l.KeyID, err: err})
+	s.calls = append(s.calls, allocCall{pool: req.Pool, order: slices.Clone(req.Candidates), granted: l.KeyID, err: err})
 	return l, st, err
 }
 

@@ -13,7 +13,8 @@ import (
 // its live capacity from the lease store.
 type Candidate struct {
 	ID string
-	// Free and Limit are live free slots and max_concurrent_uses (Inspect).
+	// Free and Limit are live free slots and max_concurrent_uses
+	// (Inspect), or for a candidate not read the catalog's limit, all free.
 	Free, Limit int
 	// Status is the catalog status; rate_limited and cooldown mean the key
 	// has just come out of (or is about to leave) a cooldown.

@@ -57,6 +57,7 @@ type Cache struct {
 	maxAge time.Duration
 	log    *slog.Logger
 	gen    *sql.Stmt
+	epoch  time.Time // the base of now
 
 	snap   atomic.Pointer[snapshot]
 	reload chan struct{} // one reload at a time
@@ -88,8 +89,8 @@ type CacheOptions struct {
 	//
 	// default: 10s
 	CountersEvery time.Duration
-	// Logger gets a line when a flush fails (the batch is kept and tried
-	// again); key ids only.
+	// Logger gets a line when a flush (its sums are kept and tried again)
+	// or a read of the counters fails; never a secret.
 	//
 	// default: slog.Default()
 	Logger *slog.Logger
@@ -106,7 +107,7 @@ type snapshot struct {
 	pools   map[poolID][]string
 	aliases map[alias]string
 
-	// checked is when gen was last found current (unix ns); writes is
+	// checked is when gen was last found current (Cache.now); writes is
 	// SQL.writes then.
 	checked, writes atomic.Int64
 }
@@ -133,7 +134,7 @@ func NewCache(ctx context.Context, s *SQL, opts *CacheOptions) (*Cache, error) {
 		return nil, fail(ctx, "prepare", err)
 	}
 	c := &Cache{
-		SQL: s, maxAge: o.MaxAge, log: o.Logger, gen: gen,
+		SQL: s, maxAge: o.MaxAge, log: o.Logger, gen: gen, epoch: time.Now(),
 		reload: make(chan struct{}, 1),
 		uses:   make(map[string]use), recent: make(map[string]time.Time),
 		done: make(chan struct{}),
@@ -144,7 +145,7 @@ func NewCache(ctx context.Context, s *SQL, opts *CacheOptions) (*Cache, error) {
 		return nil, err
 	}
 	first := (&snapshot{}).apply(ch)
-	first.confirm(time.Now(), s.writes.Load())
+	first.confirm(c.now(), s.writes.Load())
 	c.snap.Store(first)
 	wctx, stop := context.WithCancel(context.Background())
 	c.stop = stop
@@ -161,7 +162,8 @@ func positive(d, def time.Duration) time.Duration {
 }
 
 // Close stops the writer, then writes what it holds under ctx. Calls after
-// the first return nil.
+// the first return nil; reads after it fail (ErrStore), and uses noted
+// after it are not written.
 func (c *Cache) Close(ctx context.Context) error {
 	var err error
 	c.closeOnce.Do(func() {
@@ -202,7 +204,8 @@ func (c *Cache) List(ctx context.Context, provider, pool string) ([]Key, error) 
 	return out, nil
 }
 
-// Key is SQL.Key from a snapshot of the current generation.
+// Key is SQL.Key from a snapshot of the current generation; its Models
+// are shared with the cache.
 func (c *Cache) Key(ctx context.Context, id string) (Key, error) {
 	s, err := c.current(ctx, true)
 	if err != nil {
@@ -265,8 +268,8 @@ func (c *Cache) MarkUsed(id string, at time.Time) {
 }
 
 // Report is SQL.Report, with success and error counted in memory and
-// written behind: it checks that the key is in the snapshot (as List sees
-// it: a key deleted meanwhile is skipped by the flush), counts the outcome
+// written behind: it checks that the key is in the snapshot as it is (no
+// read: a count never fails because the catalog does), counts the outcome
 // and returns the key from the snapshot, without the counts not yet
 // written. Unlike SQL.Report it does not remember the lease: the caller
 // counts each lease once (the broker counts a success or error only when
@@ -275,11 +278,10 @@ func (c *Cache) Report(ctx context.Context, id, leaseID string, o Outcome, retry
 	if (o != OutcomeSuccess && o != OutcomeError) || leaseID == "" {
 		return c.SQL.Report(ctx, id, leaseID, o, retryAfter, now)
 	}
-	s, err := c.current(ctx, false)
-	if err != nil {
-		return Key{}, err
-	}
-	k, ok := s.keys[id]
+	// The snapshot as it is: counting reads nothing, so it cannot fail
+	// because the catalog does; a key deleted meanwhile is skipped by the
+	// flush.
+	k, ok := c.snap.Load().keys[id]
 	if !ok {
 		return Key{}, notFound(id)
 	}
@@ -339,10 +341,14 @@ func (c *Cache) writer(ctx context.Context, flushEvery, countersEvery time.Durat
 			}
 			cancel()
 		case <-counters.C:
-			err = c.readAllCounters(ctx)
+			rctx, cancel := context.WithTimeout(ctx, flushTimeout)
+			if err = c.readAllCounters(rctx); err != nil {
+				err = fmt.Errorf("reading counters failed: %w", err)
+			}
+			cancel()
 		}
 		if err != nil && ctx.Err() == nil {
-			c.log.Warn("catalog: " + err.Error())
+			c.log.Warn("catalog cache", "err", err)
 		}
 	}
 }
@@ -380,10 +386,10 @@ func (c *Cache) readAllCounters(ctx context.Context) error {
 func (c *Cache) current(ctx context.Context, verify bool) (*snapshot, error) {
 	s := c.snap.Load()
 	writes := c.writes.Load()
-	if !verify && writes == s.writes.Load() && time.Since(time.Unix(0, s.checked.Load())) < c.maxAge {
+	if !verify && writes == s.writes.Load() && c.since(s.checked.Load()) < c.maxAge {
 		return s, nil
 	}
-	start := time.Now()
+	start := c.now()
 	var (
 		gen   int64
 		stamp string
@@ -398,8 +404,8 @@ func (c *Cache) current(ctx context.Context, verify bool) (*snapshot, error) {
 	return c.refresh(ctx, gen, stamp)
 }
 
-// refresh brings the snapshot to generation gen, stamped stamp, or the
-// one after, reading what changed since the one it has. One reload runs at
+// refresh brings the snapshot to generation gen, stamped stamp, or a
+// later one, reading what changed since the one it has. One reload runs at
 // a time; a caller that waited for another's finds its generation reached,
 // or reads one row to learn that nothing changed since.
 func (c *Cache) refresh(ctx context.Context, gen int64, stamp string) (*snapshot, error) {
@@ -413,7 +419,7 @@ func (c *Cache) refresh(ctx context.Context, gen int64, stamp string) (*snapshot
 	if s.gen == gen && s.stamp == stamp {
 		return s, nil
 	}
-	start, writes := time.Now(), c.writes.Load()
+	start, writes := c.now(), c.writes.Load()
 	ch, err := c.changesSince(ctx, s.gen, s.stamp)
 	if err != nil {
 		return nil, err
@@ -425,13 +431,27 @@ func (c *Cache) refresh(ctx context.Context, gen int64, stamp string) (*snapshot
 	next := s.apply(ch)
 	next.confirm(start, writes)
 	c.snap.Store(next)
+	c.mu.Lock()
+	for id := range c.recent {
+		if _, ok := next.keys[id]; !ok {
+			delete(c.recent, id)
+		}
+	}
+	c.mu.Unlock()
 	return next, nil
 }
 
-func (s *snapshot) confirm(at time.Time, writes int64) {
-	s.checked.Store(at.UnixNano())
+func (s *snapshot) confirm(at time.Duration, writes int64) {
+	s.checked.Store(int64(at))
 	s.writes.Store(writes)
 }
+
+// now is the monotonic time since the cache started: MaxAge holds however
+// the wall clock steps.
+func (c *Cache) now() time.Duration { return time.Since(c.epoch) }
+
+// since is how long ago checked (a now reading) was.
+func (c *Cache) since(checked int64) time.Duration { return c.now() - time.Duration(checked) }
 
 // copy returns s's contents in maps of their own, unconfirmed.
 func (s *snapshot) copy() *snapshot {

@@ -74,12 +74,12 @@ var schema = sqlitex.Schema{Table: "catalog_schema", Steps: [][]string{
 			gen   BIGINT NOT NULL,
 			stamp TEXT NOT NULL
 		)`,
-		`INSERT INTO catalog_generation (id, gen, stamp) VALUES (1, 1, 'first')`,
+		`INSERT INTO catalog_generation (id, gen, stamp) VALUES (1, 1, lower(hex(randomblob(16))))`,
 		`CREATE TABLE catalog_generations (
 			gen   BIGINT PRIMARY KEY,
 			stamp TEXT NOT NULL
 		)`,
-		`INSERT INTO catalog_generations (gen, stamp) VALUES (1, 'first')`,
+		`INSERT INTO catalog_generations (gen, stamp) SELECT gen, stamp FROM catalog_generation`,
 		`ALTER TABLE catalog_keys ADD COLUMN gen BIGINT NOT NULL DEFAULT 1`,
 		`CREATE INDEX catalog_keys_gen ON catalog_keys (gen)`,
 		`CREATE TABLE catalog_tombstones (

@@ -32,8 +32,9 @@ import (
 type SQL struct {
 	db     *sqlitex.DB
 	sealer *Sealer
-	// writes counts this process's committed writes: a Cache on s checks
-	// the generation again after one.
+	// writes counts this process's write transactions, committed or not
+	// (a commit's reply may be lost): a Cache on s checks the generation
+	// again after one.
 	writes atomic.Int64
 }
 
@@ -204,6 +205,9 @@ func (s *SQL) Rekey(ctx context.Context) (sealed int, skipped []string, err erro
 				return err
 			}
 			sealed++
+		}
+		if sealed == 0 {
+			return errUnchanged
 		}
 		return nil
 	})

@@ -179,15 +179,16 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	return &Server{Handler: h, Catalog: cat, Admin: admin, StoreName: st.name, broker: brk, cache: cache, log: cfg.Logger, closeStore: st.close}, nil
 }
 
-// Close gives the releases that met a store failure one last try under
-// ctx, writes the uses the catalog cache holds (counters and last use),
+// Close writes the uses the catalog cache holds (counters and last use),
+// gives the releases that met a store failure one last try under ctx,
 // then closes the lease store's client. Releases still failing are left
 // to expire (see Backlog); uses that cannot be written are logged as lost.
 func (s *Server) Close(ctx context.Context) {
-	s.broker.Close(ctx)
+	// The catalog first: a silent Redis may take the broker's whole time.
 	if err := s.cache.Close(ctx); err != nil {
 		s.log.Warn("catalog: uses of the last moments not written", "err", err)
 	}
+	s.broker.Close(ctx)
 	s.closeStore()
 }
 
