@@ -169,7 +169,8 @@ func TestCacheReloadsAllWhenFarBehind(t *testing.T) {
 	c := newCache(t, here, hour)
 
 	require.NoError(t, there.Delete(t.Context(), "gone"))
-	// What pruning does once the catalog is generationMemory further.
+	// What pruning does once the catalog is 10,000 generations further
+	// (history_test.go runs the pruning itself).
 	for _, table := range []string{"catalog_generations", "catalog_tombstones"} {
 		_, err = db.ExecContext(t.Context(), `DELETE FROM `+table+` WHERE gen < (SELECT gen FROM catalog_generation)`)
 		require.NoError(t, err)

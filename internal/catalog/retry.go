@@ -17,9 +17,12 @@ import (
 // a jittered pause.
 var busyPolicy = retry.Policy{}
 
-// generationMemory is how many generations catalog_generations and the
-// tombstones remember: a Cache further behind reloads everything.
-const generationMemory = 10_000
+// history is how many generations catalog_generations and the tombstones
+// remember (a Cache further behind reloads everything), pruned every
+// pruneEvery-th generation.
+type history struct{ keep, pruneEvery int64 }
+
+var defaultHistory = history{keep: 10_000, pruneEvery: 256}
 
 // errUnchanged ends a write transaction that found nothing to change: it
 // rolls back, so the generation does not move, and write returns nil.
@@ -45,9 +48,9 @@ func (s *SQL) write(ctx context.Context, op string, fn func(tx *sql.Tx, gen int6
 		if _, err := tx.ExecContext(ctx, `INSERT INTO catalog_generations (gen, stamp) VALUES (?, ?)`, gen, stamp); err != nil {
 			return err
 		}
-		if gen%256 == 0 {
+		if gen%s.history.pruneEvery == 0 {
 			for _, table := range []string{"catalog_generations", "catalog_tombstones"} {
-				if _, err := tx.ExecContext(ctx, `DELETE FROM `+table+` WHERE gen <= ?`, gen-generationMemory); err != nil {
+				if _, err := tx.ExecContext(ctx, `DELETE FROM `+table+` WHERE gen <= ?`, gen-s.history.keep); err != nil {
 					return err
 				}
 			}

@@ -32,6 +32,7 @@ import (
 type SQL struct {
 	db     *sqlitex.DB
 	sealer *Sealer
+	history history
 	// writes counts this process's write transactions, committed or not
 	// (a commit's reply may be lost): a Cache on s checks the generation
 	// again after one.
@@ -62,7 +63,7 @@ func New(ctx context.Context, db *sqlitex.DB, opts *Options) (*SQL, error) {
 	if err := sqlitex.Migrate(ctx, db.DB, schema, busyPolicy); err != nil {
 		return nil, fail(ctx, "open", err)
 	}
-	s := &SQL{db: db}
+	s := &SQL{db: db, history: defaultHistory}
 	if opts != nil {
 		s.sealer = opts.Sealer
 	}
