@@ -30,8 +30,8 @@ import (
 // database failure, and the context's error when ctx ends first. None
 // carries a secret.
 type SQL struct {
-	db     *sqlitex.DB
-	sealer *Sealer
+	db      *sqlitex.DB
+	sealer  *Sealer
 	history history
 	// writes counts this process's write transactions, committed or not
 	// (a commit's reply may be lost): a Cache on s checks the generation
