@@ -41,6 +41,7 @@ type service struct {
 	redis *redistest.Server // nil for the SQLite store
 	proxy *redistest.Proxy  // between the service and Redis, if proxied
 	cat   *catalog.SQL
+	adm   *broker.Admin
 	logs  *syncBuffer
 }
 
@@ -135,7 +136,7 @@ func startService(t *testing.T, o serviceOptions) *service {
 	app, err := server.New(t.Context(), cfg)
 	require.NoError(t, err)
 	t.Cleanup(func() { app.Close(context.Background()) })
-	s.cat = app.Catalog
+	s.cat, s.adm = app.Catalog, app.Admin
 	srv := httptest.NewServer(app.Handler)
 	t.Cleanup(srv.Close)
 	s.url = srv.URL

@@ -133,12 +133,7 @@ func (a *Admin) Sync(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	for i, k := range keys {
-		if _, _, err := a.sync(ctx, k, infos[i]); err != nil && !errors.Is(err, catalog.ErrNotFound) {
-			return i, err
-		}
-	}
-	return len(keys), nil
+	return a.syncAll(ctx, keys, infos)
 }
 
 // Losses reports the keys held back after the store lost them (every

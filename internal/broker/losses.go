@@ -36,7 +36,7 @@ type LossReport struct {
 
 // syncCatalog is what syncing a key needs from the catalog.
 type syncCatalog interface {
-	MarkSynced(ctx context.Context, id, store string, at time.Time) error
+	MarkSynced(ctx context.Context, store string, at time.Time, ids ...string) error
 	Quarantine(ctx context.Context, id string, until, now time.Time) (catalog.Key, error)
 }
 
@@ -66,7 +66,7 @@ func newSyncer[C syncCatalog](c C, s optimistic.LeaseStore, o Options) syncer[C]
 // the key as synced and whether it was found lost. A key deleted from the
 // catalog meanwhile is catalog.ErrNotFound.
 func (s syncer[C]) sync(ctx context.Context, k catalog.Key, in optimistic.KeyInfo) (catalog.Key, bool, error) {
-	lost := !in.Exists && !k.SyncedAt.IsZero() && k.SyncedStore == s.storeID
+	lost := s.lost(k, in)
 	now := time.Now()
 	if lost {
 		q, err := s.catalog.Quarantine(ctx, k.ID, now.Add(s.maxLease), now)
@@ -85,14 +85,50 @@ func (s syncer[C]) sync(ctx context.Context, k catalog.Key, in optimistic.KeyInf
 			"key_id", k.ID, "until", k.QuarantineUntil)
 		return k, true, nil
 	}
-	if k.SyncedAt.IsZero() || k.SyncedStore != s.storeID {
-		err := s.catalog.MarkSynced(ctx, k.ID, s.storeID, now)
+	if s.first(k) {
+		err := s.catalog.MarkSynced(ctx, s.storeID, now, k.ID)
 		if err != nil && !errors.Is(err, catalog.ErrNotFound) {
 			return k, false, catalogErr(ctx, "mark synced", err)
 		}
 		k.SyncedAt, k.SyncedStore = now, s.storeID
 	}
 	return k, false, nil
+}
+
+// lost reports whether the store lacks k although k reached it.
+func (s syncer[C]) lost(k catalog.Key, in optimistic.KeyInfo) bool {
+	return !in.Exists && !k.SyncedAt.IsZero() && k.SyncedStore == s.storeID
+}
+
+// first reports whether k has not reached this store before.
+func (s syncer[C]) first(k catalog.Key) bool {
+	return k.SyncedAt.IsZero() || k.SyncedStore != s.storeID
+}
+
+// syncAll is sync for every key of keys, whose store state is infos: those
+// that reach the store for the first time are marked in one catalog write,
+// after all are synced. It returns how many it synced.
+func (s syncer[C]) syncAll(ctx context.Context, keys []catalog.Key, infos []optimistic.KeyInfo) (int, error) {
+	now := time.Now()
+	var first []string
+	for i, k := range keys {
+		if s.lost(k, infos[i]) {
+			if _, _, err := s.sync(ctx, k, infos[i]); err != nil && !errors.Is(err, catalog.ErrNotFound) {
+				return i, err
+			}
+			continue
+		}
+		if err := s.store.SyncKey(ctx, k.LeaseState()); err != nil {
+			return i, err
+		}
+		if s.first(k) {
+			first = append(first, k.ID)
+		}
+	}
+	if err := s.catalog.MarkSynced(ctx, s.storeID, now, first...); err != nil && !errors.Is(err, catalog.ErrNotFound) {
+		return len(keys), catalogErr(ctx, "mark synced", err)
+	}
+	return len(keys), nil
 }
 
 // resync is sync with a fresh read of the store, for a key read from (or

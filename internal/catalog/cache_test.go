@@ -78,7 +78,7 @@ func TestCacheSeesEveryWriteAtOnce(t *testing.T) {
 			require.True(t, k.QuarantineUntil.IsZero())
 		}},
 		{"mark synced", func(t *testing.T, c *catalog.SQL) {
-			require.NoError(t, c.MarkSynced(t.Context(), "k1", "redis-a", t0))
+			require.NoError(t, c.MarkSynced(t.Context(), "redis-a", t0, "k1"))
 		}, func(t *testing.T, k catalog.Key, err error) {
 			require.NoError(t, err)
 			require.Equal(t, "redis-a", k.SyncedStore)

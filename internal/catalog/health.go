@@ -3,6 +3,7 @@ package catalog
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"time"
 
@@ -18,17 +19,26 @@ const DefaultRetryAfter = 60 * time.Second
 // can be retried: a report is only taken for a lease still held.
 const ReportMemory = 24 * time.Hour
 
-// MarkSynced records that the key reached the lease store named store at
-// at, unless it had reached that store before: from then on, that store
-// lacking the key means it lost state (see Quarantine). A key synced to
-// another store before starts again. A missing key is ErrNotFound.
-func (s *SQL) MarkSynced(ctx context.Context, id, store string, at time.Time) error {
-	return s.write(ctx, fmt.Sprintf("mark key %q synced", id), func(tx *sql.Tx, gen int64) error {
-		res, err := tx.ExecContext(ctx, `UPDATE catalog_keys SET
-			synced_at = CASE WHEN synced_store = ? AND synced_at IS NOT NULL THEN synced_at ELSE ? END,
-			synced_store = ?, gen = ?
-		WHERE id = ?`, store, at.UnixMilli(), store, gen, id)
-		return found(res, err, id)
+// MarkSynced records that the keys reached the lease store named store at
+// at, in one transaction, unless they had reached that store before: from
+// then on, that store lacking a key means it lost state (see Quarantine).
+// A key synced to another store before starts again. With one id a missing
+// key is ErrNotFound; with several, missing keys are skipped.
+func (s *SQL) MarkSynced(ctx context.Context, store string, at time.Time, ids ...string) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	return s.write(ctx, fmt.Sprintf("mark %d keys synced", len(ids)), func(tx *sql.Tx, gen int64) error {
+		for _, id := range ids {
+			res, err := tx.ExecContext(ctx, `UPDATE catalog_keys SET
+				synced_at = CASE WHEN synced_store = ? AND synced_at IS NOT NULL THEN synced_at ELSE ? END,
+				synced_store = ?, gen = ?
+			WHERE id = ?`, store, at.UnixMilli(), store, gen, id)
+			if err := found(res, err, id); err != nil && (len(ids) == 1 || !errors.Is(err, ErrNotFound)) {
+				return err
+			}
+		}
+		return nil
 	})
 }
 

@@ -202,19 +202,24 @@ func TestMarkSyncedKeepsTheFirstTime(t *testing.T) {
 	c, _ := newCatalog(t)
 	put(t, c, testKey("k1"))
 	require.True(t, get(t, c, "k1").SyncedAt.IsZero())
-	require.NoError(t, c.MarkSynced(t.Context(), "k1", "redis-a", t0))
-	require.NoError(t, c.MarkSynced(t.Context(), "k1", "redis-a", t0.Add(time.Hour)))
+	require.NoError(t, c.MarkSynced(t.Context(), "redis-a", t0, "k1"))
+	require.NoError(t, c.MarkSynced(t.Context(), "redis-a", t0.Add(time.Hour), "k1"))
 	k := get(t, c, "k1")
 	require.Equal(t, t0, k.SyncedAt)
 	require.Equal(t, "redis-a", k.SyncedStore)
 	put(t, c, testKey("k1"))
 	require.Equal(t, t0, get(t, c, "k1").SyncedAt, "an admin upsert keeps it")
 
-	require.NoError(t, c.MarkSynced(t.Context(), "k1", "redis-b", t0.Add(2*time.Hour)))
+	require.NoError(t, c.MarkSynced(t.Context(), "redis-b", t0.Add(2*time.Hour), "k1"))
 	k = get(t, c, "k1")
 	require.Equal(t, t0.Add(2*time.Hour), k.SyncedAt, "another store starts again")
 	require.Equal(t, "redis-b", k.SyncedStore)
-	require.ErrorIs(t, c.MarkSynced(t.Context(), "nope", "redis-a", t0), catalog.ErrNotFound)
+	require.ErrorIs(t, c.MarkSynced(t.Context(), "redis-a", t0, "nope"), catalog.ErrNotFound)
+
+	put(t, c, testKey("k2"))
+	require.NoError(t, c.MarkSynced(t.Context(), "redis-b", t0, "k2", "nope", "k1"), "several: missing ones skipped")
+	require.Equal(t, "redis-b", get(t, c, "k2").SyncedStore)
+	require.Equal(t, t0.Add(2*time.Hour), get(t, c, "k1").SyncedAt, "kept")
 }
 
 // A quarantine holds a key back whatever its status, survives an admin

@@ -108,45 +108,96 @@ ON CONFLICT (id) DO UPDATE SET
 // CreatedAt are kept unless k sets them non-zero, so an admin upsert does
 // not wipe the key's history. UpdatedAt is set to now.
 func (s *SQL) Put(ctx context.Context, k Key) (Key, error) {
-	if err := validate(k); err != nil {
+	stored, err := s.PutMany(ctx, k)
+	if err != nil {
 		return Key{}, err
 	}
-	k.Models = slices.Compact(slices.Sorted(slices.Values(k.Models)))
+	return stored[0], nil
+}
+
+// PutMany is Put for several keys in one transaction: every key is checked
+// before any is written, and either all are written or none. A rejected
+// key's error names its id.
+func (s *SQL) PutMany(ctx context.Context, keys ...Key) ([]Key, error) {
+	if len(keys) == 0 {
+		return nil, nil
+	}
+	rows := make([]putRow, len(keys))
 	now := time.Now().UnixMilli()
+	for i, k := range keys {
+		if err := validate(k); err != nil {
+			if len(keys) > 1 {
+				err = fmt.Errorf("key %q: %w", k.ID, err)
+			}
+			return nil, err
+		}
+		k.Models = slices.Compact(slices.Sorted(slices.Values(k.Models)))
+		rows[i] = putRow{k: k, secret: k.Secret.Reveal()}
+		if s.sealer != nil {
+			var err error
+			if rows[i].secret, err = s.sealer.seal(k.ID, rows[i].secret); err != nil {
+				return nil, fail(ctx, "put key "+k.ID, err)
+			}
+		}
+	}
+	op := "put keys"
+	if len(keys) == 1 {
+		op = "put key " + keys[0].ID
+	}
+	var stored []Key
+	err := s.write(ctx, op, func(tx *sql.Tx, gen int64) error {
+		for _, r := range rows {
+			if err := r.put(ctx, tx, gen, now); err != nil {
+				return err
+			}
+		}
+		// The rows this transaction stamped are exactly these keys.
+		byID, err := queryKeys(ctx, tx, false, `WHERE k.gen = ?`, gen)
+		if err != nil {
+			return err
+		}
+		stored = make([]Key, len(rows))
+		for i, r := range rows {
+			j, ok := slices.BinarySearchFunc(byID, r.k.ID, func(k Key, id string) int { return strings.Compare(k.ID, id) })
+			if !ok {
+				return notFound(r.k.ID)
+			}
+			stored[i] = byID[j]
+		}
+		return nil
+	})
+	return stored, err
+}
+
+// putRow is one key for PutMany, its secret as stored.
+type putRow struct {
+	k      Key
+	secret string
+}
+
+func (r putRow) put(ctx context.Context, tx *sql.Tx, gen, now int64) error {
+	k := r.k
 	// created is NULL unless k sets it: an update then keeps the stored one.
 	created, insertCreated := millis(k.CreatedAt), any(now)
 	if created != nil {
 		insertCreated = created
 	}
-	secret := k.Secret.Reveal()
-	if s.sealer != nil {
-		var err error
-		if secret, err = s.sealer.seal(k.ID, secret); err != nil {
-			return Key{}, fail(ctx, "put key "+k.ID, err)
+	if _, err := tx.ExecContext(ctx, upsertKey,
+		k.ID, k.Provider, k.Pool, r.secret, string(k.Status), millis(k.CooldownUntil), k.MaxConcurrentUses,
+		millis(k.LastUsedAt), millis(k.LastVerifiedAt), k.Successes, k.Errors, k.RateLimitHits,
+		insertCreated, now, gen, created,
+	); err != nil {
+		return err
+	}
+	if _, err := tx.ExecContext(ctx, `DELETE FROM catalog_key_models WHERE key_id = ?`, k.ID); err != nil {
+		return err
+	}
+	for _, m := range k.Models {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO catalog_key_models (key_id, model) VALUES (?, ?)`, k.ID, m); err != nil {
+			return err
 		}
 	}
-	var stored Key
-	err := s.write(ctx, "put key "+k.ID, func(tx *sql.Tx, gen int64) error {
-		if _, err := tx.ExecContext(ctx, upsertKey,
-			k.ID, k.Provider, k.Pool, secret, string(k.Status), millis(k.CooldownUntil), k.MaxConcurrentUses,
-			millis(k.LastUsedAt), millis(k.LastVerifiedAt), k.Successes, k.Errors, k.RateLimitHits,
-			insertCreated, now, gen, created,
-		); err != nil {
-			return err
-		}
-		if _, err := tx.ExecContext(ctx, `DELETE FROM catalog_key_models WHERE key_id = ?`, k.ID); err != nil {
-			return err
-		}
-		for _, m := range k.Models {
-			if _, err := tx.ExecContext(ctx, `INSERT INTO catalog_key_models (key_id, model) VALUES (?, ?)`, k.ID, m); err != nil {
-				return err
-			}
-		}
-		var err error
-		stored, err = getKey(ctx, tx, k.ID, false)
-		return err
-	})
-	return stored, err
+	return nil
 }
 
 // Get returns the key, secret included (opened with the Sealer), or

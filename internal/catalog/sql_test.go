@@ -89,6 +89,26 @@ func TestPutKeepsHistory(t *testing.T) {
 	require.Equal(t, verified, got.CreatedAt)
 }
 
+// PutMany checks every key before it writes any: one bad key writes
+// nothing and is named.
+func TestPutMany(t *testing.T) {
+	c, _ := newCatalog(t)
+	bad := testKey("k3")
+	bad.MaxConcurrentUses = 0
+	_, err := c.PutMany(t.Context(), testKey("k1"), testKey("k2"), bad)
+	require.ErrorIs(t, err, optimistic.ErrInvalid)
+	require.ErrorContains(t, err, `"k3"`)
+	keys, err := c.List(t.Context(), "", "")
+	require.NoError(t, err)
+	require.Empty(t, keys, "nothing written")
+
+	stored, err := c.PutMany(t.Context(), testKey("k1"), testKey("k2"))
+	require.NoError(t, err)
+	require.Len(t, stored, 2)
+	require.Equal(t, "k2", stored[1].ID)
+	require.Equal(t, secret, get(t, c, "k2").Secret.Reveal())
+}
+
 func TestPutValidation(t *testing.T) {
 	tests := []struct {
 		name  string
