@@ -58,30 +58,12 @@ func Run(ctx context.Context, cfg Config) (*report.Report, error) {
 	if len(cfg.Worker) == 0 && slices.ContainsFunc(cfg.Cells, func(c Cell) bool { return c.Procs > 1 }) {
 		return nil, errors.New("bench: cells with several processes need a worker command")
 	}
-	rep := &report.Report{Env: report.CollectEnv(cfg.Args)}
-	for _, s := range cfg.Strategies {
-		rep.Env.Strategies = append(rep.Env.Strategies, s.Name)
-	}
-	h := &harness{cfg: &cfg}
-	if slices.ContainsFunc(cfg.Strategies, func(s Strategy) bool { return s.Redis }) {
-		srv, err := startRedis(ctx, cfg.RedisURL, cfg.AllowRemote)
-		if err != nil {
-			return nil, err
-		}
-		defer srv.stop()
-		h.redis = srv
-		if rep.Env.Redis, err = srv.version(ctx); err != nil {
-			return nil, err
-		}
-		rep.Env.RedisServer = srv.where
-	}
-	tmp, err := os.MkdirTemp("", "credpool-bench-")
+	rep := &report.Report{}
+	h, done, err := newHarness(ctx, &cfg, &rep.Env)
 	if err != nil {
-		return nil, fmt.Errorf("bench: %w", err)
+		return nil, err
 	}
-	defer os.RemoveAll(tmp)
-	h.tmp = tmp
-	h.id = time.Now().UnixNano()
+	defer done()
 
 	prog := newProgress(cfg.Progress, len(cfg.Cells)*len(cfg.Strategies))
 	for i, cell := range cfg.Cells {
@@ -140,6 +122,42 @@ func summary(r report.Run) string {
 }
 
 // harness is the state of one Run.
+// newHarness records the environment in env, starts (or connects to) the
+// Redis server if a strategy needs one, and makes a temp dir; done stops
+// and removes them.
+func newHarness(ctx context.Context, cfg *Config, env *report.Env) (h *harness, done func(), err error) {
+	*env = report.CollectEnv(cfg.Args)
+	for _, s := range cfg.Strategies {
+		env.Strategies = append(env.Strategies, s.Name)
+	}
+	h = &harness{cfg: cfg, id: time.Now().UnixNano()}
+	var stops []func()
+	done = func() {
+		for _, stop := range slices.Backward(stops) {
+			stop()
+		}
+	}
+	if slices.ContainsFunc(cfg.Strategies, func(s Strategy) bool { return s.Redis }) {
+		srv, err := startRedis(ctx, cfg.RedisURL, cfg.AllowRemote)
+		if err != nil {
+			return nil, nil, err
+		}
+		stops = append(stops, srv.stop)
+		h.redis = srv
+		if env.Redis, err = srv.version(ctx); err != nil {
+			done()
+			return nil, nil, err
+		}
+		env.RedisServer = srv.where
+	}
+	if h.tmp, err = os.MkdirTemp("", "credpool-bench-"); err != nil {
+		done()
+		return nil, nil, fmt.Errorf("bench: %w", err)
+	}
+	stops = append(stops, func() { _ = os.RemoveAll(h.tmp) })
+	return h, done, nil
+}
+
 type harness struct {
 	cfg   *Config
 	redis *server // nil without Redis strategies

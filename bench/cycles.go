@@ -217,14 +217,14 @@ func (d *driver) loop(ctx context.Context, c *caller, deadline time.Time) {
 		}
 		if err != nil || code != http.StatusOK {
 			c.failed("allocate", code, body, err)
-			if !pauseFor(ctx, d.pause(c)) {
+			if !workload.Sleep(ctx, d.pause(c)) {
 				return
 			}
 			continue
 		}
 		c.allocLat.Record(time.Since(start))
 		d.hold(c, g)
-		if !d.sendReport(ctx, c, g) && !pauseFor(ctx, d.pause(c)) {
+		if !d.sendReport(ctx, c, g) && !workload.Sleep(ctx, d.pause(c)) {
 			return
 		}
 	}
@@ -335,16 +335,4 @@ func truncate(s string, n int) string {
 		return s
 	}
 	return s[:n] + "…"
-}
-
-// pauseFor waits d or until ctx ends, and says whether it waited it all.
-func pauseFor(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"slices"
 	"time"
 
@@ -118,29 +117,14 @@ func RunService(ctx context.Context, cfg ServiceConfig) (*report.ServiceReport, 
 	if len(cfg.Serve) == 0 {
 		return nil, errors.New("bench: service: no command line for credpool serve")
 	}
-	rep := &report.ServiceReport{Env: report.CollectEnv(cfg.Args)}
-	for _, s := range cfg.Strategies {
-		rep.Env.Strategies = append(rep.Env.Strategies, s.Name)
-	}
-	h := &harness{cfg: &Config{Seed: cfg.Seed}, id: time.Now().UnixNano()}
-	if slices.ContainsFunc(cfg.Strategies, func(s Strategy) bool { return s.Redis }) {
-		srv, err := startRedis(ctx, cfg.RedisURL, cfg.AllowRemote)
-		if err != nil {
-			return nil, err
-		}
-		defer srv.stop()
-		h.redis = srv
-		if rep.Env.Redis, err = srv.version(ctx); err != nil {
-			return nil, err
-		}
-		rep.Env.RedisServer = srv.where
-	}
-	tmp, err := os.MkdirTemp("", "credpool-bench-")
+	rep := &report.ServiceReport{}
+	h, done, err := newHarness(ctx, &Config{
+		Strategies: cfg.Strategies, RedisURL: cfg.RedisURL, AllowRemote: cfg.AllowRemote, Seed: cfg.Seed, Args: cfg.Args,
+	}, &rep.Env)
 	if err != nil {
-		return nil, fmt.Errorf("bench: %w", err)
+		return nil, err
 	}
-	defer os.RemoveAll(tmp)
-	h.tmp = tmp
+	defer done()
 
 	prog := newProgress(cfg.Progress, 2*cfg.Reps*len(cfg.Strategies)*len(cfg.Limits)*len(cfg.Workers))
 	for _, s := range cfg.Strategies {

@@ -71,9 +71,9 @@ func TestHTTPDisableUnderLoad(t *testing.T) {
 						default:
 						}
 						start := time.Now()
-						code, g, err := post(client, s.url+"/api/internal/allocate-key", allocBody("default"))
+						code, g, err := post(client, s.url+"/api/internal/allocate-key", internalKey, allocBody("default"))
 						if err == nil && code == http.StatusOK {
-							_, _, err = post(client, s.url+"/api/internal/release", leaseBody(g))
+							_, _, err = post(client, s.url+"/api/internal/release", internalKey, leaseBody(g))
 						}
 						if err != nil {
 							errs <- err
@@ -121,8 +121,9 @@ func TestHTTPDisableUnderLoad(t *testing.T) {
 	}
 }
 
-// post sends body as JSON with the internal key and decodes the answer.
-func post(c *http.Client, url string, body any) (int, map[string]any, error) {
+// post sends body as JSON with key as X-Internal-Key through c and
+// decodes the answer; it reports errors instead of failing a test.
+func post(c *http.Client, url, key string, body any) (int, map[string]any, error) {
 	raw, err := json.Marshal(body)
 	if err != nil {
 		return 0, nil, err
@@ -131,7 +132,7 @@ func post(c *http.Client, url string, body any) (int, map[string]any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
-	req.Header.Set("X-Internal-Key", internalKey)
+	req.Header.Set("X-Internal-Key", key)
 	resp, err := c.Do(req)
 	if err != nil {
 		return 0, nil, err

@@ -1,8 +1,6 @@
 package test
 
 import (
-	"bytes"
-	"encoding/json"
 	"errors"
 	"math/rand/v2"
 	"net/http"
@@ -420,23 +418,5 @@ func leasesKey(keyID string) string {
 // post sends body with the internal key and decodes the answer; unlike
 // call it reports errors instead of failing t, so goroutines may use it.
 func (s *service) post(path, key string, body any) (int, map[string]any, error) {
-	raw, err := json.Marshal(body)
-	if err != nil {
-		return 0, nil, err
-	}
-	req, err := http.NewRequest(http.MethodPost, s.url+path, bytes.NewReader(raw))
-	if err != nil {
-		return 0, nil, err
-	}
-	req.Header.Set("X-Internal-Key", key)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return 0, nil, err
-	}
-	defer resp.Body.Close()
-	var out map[string]any
-	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
-		return resp.StatusCode, nil, err
-	}
-	return resp.StatusCode, out, nil
+	return post(http.DefaultClient, s.url+path, key, body)
 }

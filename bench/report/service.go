@@ -1,7 +1,6 @@
 package report
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"maps"
@@ -150,11 +149,7 @@ func (r *ServiceReport) Failed() bool {
 }
 
 // WriteJSON writes the report as indented JSON.
-func (r *ServiceReport) WriteJSON(w io.Writer) error {
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(r)
-}
+func (r *ServiceReport) WriteJSON(w io.Writer) error { return writeJSON(w, r) }
 
 // WriteFiles writes the JSON and the Markdown summary into dir, creating
 // it, and returns the paths written.

@@ -89,7 +89,7 @@ func (r *runner) claim(ctx context.Context) (time.Time, bool) {
 	if !intended.Before(r.deadline) {
 		return time.Time{}, false
 	}
-	return intended, sleep(ctx, time.Until(intended))
+	return intended, Sleep(ctx, time.Until(intended))
 }
 
 // caller is one simulated broker caller.
@@ -134,7 +134,7 @@ func (r *runner) caller(ctx context.Context, p *picker, rng *rand.Rand) {
 				local.FirstError = err.Error()
 			}
 		}
-		if closed && !sleep(ctx, p.pause()) {
+		if closed && !Sleep(ctx, p.pause()) {
 			return
 		}
 	}
@@ -168,7 +168,7 @@ func (r *runner) hold(ctx context.Context, local *Result, p *picker, rng *rand.R
 		local.Crashed++
 		return
 	}
-	sleep(ctx, p.hold())
+	Sleep(ctx, p.hold())
 	// Stop using the key before the store may hand it on.
 	r.holders.Drop(i)
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
@@ -193,8 +193,8 @@ func (r *runner) violation(local *Result, msg string) {
 	}
 }
 
-// sleep waits d or until ctx ends, and says whether it waited it all.
-func sleep(ctx context.Context, d time.Duration) bool {
+// Sleep waits d or until ctx ends, and says whether it waited it all.
+func Sleep(ctx context.Context, d time.Duration) bool {
 	if d <= 0 {
 		return ctx.Err() == nil
 	}

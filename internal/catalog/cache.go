@@ -207,27 +207,29 @@ func (c *Cache) List(ctx context.Context, provider, pool string) ([]Key, error) 
 // Key is SQL.Key from a snapshot of the current generation; its Models
 // are shared with the cache.
 func (c *Cache) Key(ctx context.Context, id string) (Key, error) {
+	_, k, err := c.lookup(ctx, id)
+	return k, err
+}
+
+// lookup finds id in a snapshot of the current generation.
+func (c *Cache) lookup(ctx context.Context, id string) (*snapshot, Key, error) {
 	s, err := c.current(ctx, true)
 	if err != nil {
-		return Key{}, err
+		return nil, Key{}, err
 	}
 	k, ok := s.keys[id]
 	if !ok {
-		return Key{}, notFound(id)
+		return nil, Key{}, notFound(id)
 	}
-	return k, nil
+	return s, k, nil
 }
 
 // Get is SQL.Get from a snapshot of the current generation: the secret is
 // opened from memory.
 func (c *Cache) Get(ctx context.Context, id string) (Key, error) {
-	s, err := c.current(ctx, true)
+	s, k, err := c.lookup(ctx, id)
 	if err != nil {
 		return Key{}, err
-	}
-	k, ok := s.keys[id]
-	if !ok {
-		return Key{}, notFound(id)
 	}
 	plain := s.sealed[id]
 	if c.sealer != nil {

@@ -11,20 +11,23 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/credpool/credpool/internal/catalog"
+	"github.com/credpool/credpool/internal/sqlitex"
 	"github.com/credpool/credpool/optimistic"
 )
 
 // twoProcesses returns two catalogs on one file, each with its own
-// connections, as two processes sharing the database have.
-func twoProcesses(t *testing.T, opts *catalog.Options) (here, there *catalog.SQL) {
+// connections, as two processes sharing the database have, and the second
+// one's database.
+func twoProcesses(t *testing.T) (here, there *catalog.SQL, db *sqlitex.DB) {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "credpool.db")
 	var err error
-	here, err = catalog.New(t.Context(), openDB(t, path), opts)
+	here, err = catalog.New(t.Context(), openDB(t, path), nil)
 	require.NoError(t, err)
-	there, err = catalog.New(t.Context(), openDB(t, path), opts)
+	db = openDB(t, path)
+	there, err = catalog.New(t.Context(), db, nil)
 	require.NoError(t, err)
-	return here, there
+	return here, there, db
 }
 
 // hour keeps List on the snapshot it has: only the generation check of
@@ -85,7 +88,7 @@ func TestCacheSeesEveryWriteAtOnce(t *testing.T) {
 		}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			here, there := twoProcesses(t, nil)
+			here, there, _ := twoProcesses(t)
 			put(t, there, testKey("k1"))
 			c := newCache(t, here, hour)
 			k, err := c.Get(t.Context(), "k1")
@@ -107,7 +110,7 @@ func TestCacheSeesEveryWriteAtOnce(t *testing.T) {
 // after that, and after any ResolveModel, Key or Get at once: a request
 // resolves its model first, so it ranks on the catalog of its start.
 func TestCacheListWithinMaxAge(t *testing.T) {
-	here, there := twoProcesses(t, nil)
+	here, there, _ := twoProcesses(t)
 	put(t, there, testKey("k1"))
 	c := newCache(t, here, hour)
 	put(t, there, testKey("k2"))
@@ -158,12 +161,7 @@ func TestCacheSeesOwnWritesAtOnce(t *testing.T) {
 // longer logged, the tombstones it needed pruned) reloads every key, so a
 // deleted key never lingers in it.
 func TestCacheReloadsAllWhenFarBehind(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "credpool.db")
-	here, err := catalog.New(t.Context(), openDB(t, path), nil)
-	require.NoError(t, err)
-	db := openDB(t, path)
-	there, err := catalog.New(t.Context(), db, nil)
-	require.NoError(t, err)
+	here, there, db := twoProcesses(t)
 	put(t, there, testKey("gone"))
 	put(t, there, testKey("kept"))
 	c := newCache(t, here, hour)
@@ -172,12 +170,12 @@ func TestCacheReloadsAllWhenFarBehind(t *testing.T) {
 	// What pruning does once the catalog is 10,000 generations further
 	// (history_test.go runs the pruning itself).
 	for _, table := range []string{"catalog_generations", "catalog_tombstones"} {
-		_, err = db.ExecContext(t.Context(), `DELETE FROM `+table+` WHERE gen < (SELECT gen FROM catalog_generation)`)
+		_, err := db.ExecContext(t.Context(), `DELETE FROM `+table+` WHERE gen < (SELECT gen FROM catalog_generation)`)
 		require.NoError(t, err)
 	}
 	put(t, there, testKey("new"))
 
-	_, err = c.Key(t.Context(), "gone")
+	_, err := c.Key(t.Context(), "gone")
 	require.ErrorIs(t, err, catalog.ErrNotFound)
 	for _, id := range []string{"kept", "new"} {
 		_, err = c.Key(t.Context(), id)
@@ -271,12 +269,7 @@ func TestCacheFlushFailureKeepsUses(t *testing.T) {
 // process's counters reach a snapshot within CountersEvery. Writes that
 // change nothing take none either.
 func TestCacheCounters(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "credpool.db")
-	here, err := catalog.New(t.Context(), openDB(t, path), nil)
-	require.NoError(t, err)
-	db := openDB(t, path)
-	there, err := catalog.New(t.Context(), db, nil)
-	require.NoError(t, err)
+	here, there, db := twoProcesses(t)
 	put(t, there, testKey("k1"))
 	c := newCache(t, here, &catalog.CacheOptions{CountersEvery: 10 * time.Millisecond})
 	writer := newCache(t, there, &catalog.CacheOptions{FlushEvery: time.Hour})
@@ -285,7 +278,7 @@ func TestCacheCounters(t *testing.T) {
 		return g
 	}
 	before := gen()
-	_, err = writer.Report(t.Context(), "k1", "lease-1", catalog.OutcomeSuccess, 0, t0)
+	_, err := writer.Report(t.Context(), "k1", "lease-1", catalog.OutcomeSuccess, 0, t0)
 	require.NoError(t, err)
 	writer.MarkUsed("k1", t0)
 	require.NoError(t, writer.Flush(t.Context()))
@@ -311,7 +304,7 @@ func TestCacheCounters(t *testing.T) {
 // Readers, the writer and another process's writes at once (run with
 // -race); once the writes stop, the next Key sees the last of them.
 func TestCacheConcurrent(t *testing.T) {
-	here, there := twoProcesses(t, nil)
+	here, there, _ := twoProcesses(t)
 	put(t, there, testKey("k1"))
 	c := newCache(t, here, &catalog.CacheOptions{MaxAge: time.Millisecond, FlushEvery: 100 * time.Millisecond})
 	stop := make(chan struct{})
