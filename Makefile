@@ -1,10 +1,11 @@
 # credpool: `make test` is what CI runs (through .ci/run).
 GO ?= go
 
-.PHONY: test vet lint fmt run build redis-server bench
+.PHONY: test vet lint fmt run build redis-server postgresql bench
 
-## test: vet, then every test under the race detector against a real redis-server
-test: redis-server vet
+## test: vet, then every test under the race detector against a real
+## redis-server and PostgreSQL
+test: redis-server postgresql vet
 	$(GO) test -race -count=1 ./...
 
 vet:
@@ -58,5 +59,24 @@ redis-server:
 		echo "redis-server is missing and cannot be installed here."; \
 		echo "Install it (Debian/Ubuntu: sudo apt-get install -y redis-server; macOS: brew install redis),"; \
 		echo "or set REDIS_SERVER to its path."; \
+		exit 1; \
+	fi
+
+## postgresql: the catalog's tests start their own PostgreSQL server; install
+## initdb and postgres if missing (PG_BIN may name the directory holding them).
+postgresql:
+	@if [ -n "$$PG_BIN" ]; then \
+		if [ -x "$$PG_BIN/initdb" ] && [ -x "$$PG_BIN/postgres" ]; then exit 0; fi; \
+		echo "PG_BIN=$$PG_BIN holds no initdb and postgres."; \
+		exit 1; \
+	fi; \
+	if command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "PostgreSQL missing: installing it with apt-get"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql; \
+	else \
+		echo "PostgreSQL's server is missing and cannot be installed here."; \
+		echo "Install it (Debian/Ubuntu: sudo apt-get install -y postgresql; macOS: brew install postgresql),"; \
+		echo "or set PG_BIN to the directory holding initdb and postgres."; \
 		exit 1; \
 	fi

@@ -1060,3 +1060,57 @@ func TestAdmin(t *testing.T) {
 		require.ErrorIs(t, err, broker.ErrCatalog)
 	})
 }
+
+// racingStore lets another writer change a key, in the catalog and then
+// in the store, between a sync's catalog read and its store write.
+type racingStore struct {
+	*sqlitestore.Store
+	once   sync.Once
+	racer  func()
+	synced []optimistic.KeyState
+}
+
+func (s *racingStore) SyncKey(ctx context.Context, k optimistic.KeyState) error {
+	s.once.Do(s.racer)
+	s.synced = append(s.synced, k)
+	return s.Store.SyncKey(ctx, k)
+}
+
+// A sync whose store write lands after another instance's newer write
+// (catalog, then store) does not leave the store with its older view: it
+// reads the catalog again after writing, and writes the newer state, or
+// deletes a key deleted meanwhile.
+func TestSyncNeverUndoesANewerWrite(t *testing.T) {
+	disabled := key("a", "default", 2)
+	disabled.Status = optimistic.StatusDisabled
+	for _, c := range []struct {
+		name  string
+		other func(t *testing.T, e *env)
+		check func(t *testing.T, in optimistic.KeyInfo)
+	}{
+		{"disabled meanwhile", func(t *testing.T, e *env) {
+			_, err := e.admin.Put(t.Context(), disabled)
+			require.NoError(t, err)
+		}, func(t *testing.T, in optimistic.KeyInfo) {
+			require.Equal(t, optimistic.StatusDisabled, in.Status)
+			require.Equal(t, 2, in.Limit)
+		}},
+		{"deleted meanwhile", func(t *testing.T, e *env) {
+			require.NoError(t, e.admin.Delete(t.Context(), "a"))
+		}, func(t *testing.T, in optimistic.KeyInfo) {
+			require.False(t, in.Exists)
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e := newEnv(t, key("a", "default", 1))
+			s := &racingStore{Store: e.store}
+			s.racer = func() { c.other(t, e) }
+			_, err := broker.NewAdmin(e.cat, s, nil).Put(t.Context(), key("a", "default", 3))
+			if err != nil {
+				require.ErrorIs(t, err, catalog.ErrNotFound)
+			}
+			require.Equal(t, 3, s.synced[0].MaxConcurrentUses, "the older view was written first")
+			c.check(t, e.info(t, "a"))
+		})
+	}
+}

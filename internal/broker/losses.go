@@ -36,6 +36,8 @@ type LossReport struct {
 
 // syncCatalog is what syncing a key needs from the catalog.
 type syncCatalog interface {
+	Key(ctx context.Context, id string) (catalog.Key, error)
+	List(ctx context.Context, provider, pool string) ([]catalog.Key, error)
 	MarkSynced(ctx context.Context, store string, at time.Time, ids ...string) error
 	Quarantine(ctx context.Context, id string, until, now time.Time) (catalog.Key, error)
 }
@@ -76,7 +78,8 @@ func (s syncer[C]) sync(ctx context.Context, k catalog.Key, in optimistic.KeyInf
 		q.Secret = k.Secret
 		k = q
 	}
-	if err := s.store.SyncKey(ctx, k.LeaseState()); err != nil {
+	k, err := s.write(ctx, k)
+	if err != nil {
 		return k, false, err
 	}
 	if lost {
@@ -93,6 +96,53 @@ func (s syncer[C]) sync(ctx context.Context, k catalog.Key, in optimistic.KeyInf
 		k.SyncedAt, k.SyncedStore = now, s.storeID
 	}
 	return k, false, nil
+}
+
+// settleRounds bounds write's re-syncs of a key that keeps changing: its
+// writers sync it themselves.
+const settleRounds = 3
+
+// write syncs k's state into the store, then reads the key again from the
+// catalog and, if the catalog has moved on, syncs the newer state too.
+// Every writer changes the catalog before it syncs the store, so a writer
+// whose sync this one may have overwritten (it changed and synced the key
+// between this caller's catalog read and this store write) is then not
+// undone: whichever sync lands last was checked against the catalog after
+// it landed, and the store never keeps a view older than the catalog's.
+// A key deleted from the catalog meanwhile is deleted from the store
+// again, as this write may have brought it back; that is
+// catalog.ErrNotFound.
+func (s syncer[C]) write(ctx context.Context, k catalog.Key) (catalog.Key, error) {
+	for range settleRounds {
+		if err := s.store.SyncKey(ctx, k.LeaseState()); err != nil {
+			return k, err
+		}
+		fresh, err := s.catalog.Key(ctx, k.ID)
+		if errors.Is(err, catalog.ErrNotFound) {
+			if err := s.store.DeleteKey(ctx, k.ID); err != nil {
+				return k, err
+			}
+			return k, err
+		}
+		if err != nil {
+			return k, catalogErr(ctx, "sync check", err)
+		}
+		if sameState(fresh, k) {
+			return k, nil
+		}
+		fresh.Secret = k.Secret
+		k = fresh
+	}
+	return k, nil
+}
+
+// sameState reports whether a and b put the same state into the store:
+// the last use, which only seeds a missing one and is written behind, is
+// left out.
+func sameState(a, b catalog.Key) bool {
+	x, y := a.LeaseState(), b.LeaseState()
+	return x.ID == y.ID && x.Provider == y.Provider && x.Pool == y.Pool && x.Status == y.Status &&
+		x.CooldownUntil.Equal(y.CooldownUntil) && x.MaxConcurrentUses == y.MaxConcurrentUses && x.Score == y.Score
 }
 
 // lost reports whether the store lacks k although k reached it.
@@ -125,10 +175,43 @@ func (s syncer[C]) syncAll(ctx context.Context, keys []catalog.Key, infos []opti
 			first = append(first, k.ID)
 		}
 	}
+	if err := s.settleAll(ctx, keys); err != nil {
+		return len(keys), err
+	}
 	if err := s.catalog.MarkSynced(ctx, s.storeID, now, first...); err != nil && !errors.Is(err, catalog.ErrNotFound) {
 		return len(keys), catalogErr(ctx, "mark synced", err)
 	}
 	return len(keys), nil
+}
+
+// settleAll is write's check for syncAll: one List after every key was
+// synced, and write for each key whose state moved meanwhile, or
+// DeleteKey for each deleted.
+func (s syncer[C]) settleAll(ctx context.Context, synced []catalog.Key) error {
+	now, err := s.catalog.List(ctx, "", "")
+	if err != nil {
+		return catalogErr(ctx, "sync check", err)
+	}
+	byID := make(map[string]catalog.Key, len(now))
+	for _, k := range now {
+		byID[k.ID] = k
+	}
+	for _, k := range synced {
+		fresh, ok := byID[k.ID]
+		switch {
+		case !ok:
+			err = s.store.DeleteKey(ctx, k.ID)
+		case !sameState(fresh, k):
+			_, err = s.write(ctx, fresh)
+			if errors.Is(err, catalog.ErrNotFound) {
+				err = nil
+			}
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // resync is sync with a fresh read of the store, for a key read from (or

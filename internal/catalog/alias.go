@@ -2,7 +2,6 @@ package catalog
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 
 	"github.com/credpool/credpool/optimistic"
@@ -22,7 +21,7 @@ func (s *SQL) SetAlias(ctx context.Context, provider, alias, model string) error
 	}
 	// No key row changes: a Cache reloads every alias when the generation
 	// moves.
-	return s.write(ctx, fmt.Sprintf("set alias %q of %s", alias, provider), func(tx *sql.Tx, _ int64) error {
+	return s.write(ctx, fmt.Sprintf("set alias %q of %s", alias, provider), func(tx txn, _ int64) error {
 		_, err := tx.ExecContext(ctx, `INSERT INTO catalog_model_aliases (provider, alias, model) VALUES (?, ?, ?)
 		ON CONFLICT (provider, alias) DO UPDATE SET model = excluded.model`, provider, alias, model)
 		return err

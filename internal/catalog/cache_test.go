@@ -11,23 +11,14 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/credpool/credpool/internal/catalog"
-	"github.com/credpool/credpool/internal/sqlitex"
 	"github.com/credpool/credpool/optimistic"
 )
 
-// twoProcesses returns two catalogs on one file, each with its own
-// connections, as two processes sharing the database have, and the second
-// one's database.
-func twoProcesses(t *testing.T) (here, there *catalog.SQL, db *sqlitex.DB) {
+// twoProcesses returns two catalogs on db, each with its own connections,
+// as two processes sharing the database have.
+func twoProcesses(t *testing.T, db database) (here, there *catalog.SQL) {
 	t.Helper()
-	path := filepath.Join(t.TempDir(), "credpool.db")
-	var err error
-	here, err = catalog.New(t.Context(), openDB(t, path), nil)
-	require.NoError(t, err)
-	db = openDB(t, path)
-	there, err = catalog.New(t.Context(), db, nil)
-	require.NoError(t, err)
-	return here, there, db
+	return db.open(t, nil), db.open(t, nil)
 }
 
 // hour keeps List on the snapshot it has: only the generation check of
@@ -88,20 +79,22 @@ func TestCacheSeesEveryWriteAtOnce(t *testing.T) {
 		}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			here, there, _ := twoProcesses(t)
-			put(t, there, testKey("k1"))
-			c := newCache(t, here, hour)
-			k, err := c.Get(t.Context(), "k1")
-			require.NoError(t, err)
-			require.Equal(t, secret, k.Secret.Reveal())
+			engines(t, func(t *testing.T, db database) {
+				here, there := twoProcesses(t, db)
+				put(t, there, testKey("k1"))
+				c := newCache(t, here, hour)
+				k, err := c.Get(t.Context(), "k1")
+				require.NoError(t, err)
+				require.Equal(t, secret, k.Secret.Reveal())
 
-			tt.write(t, there)
-			k, err = c.Get(t.Context(), "k1")
-			tt.check(t, k, err)
-			k, err = c.Key(t.Context(), "k1")
-			if err == nil {
-				require.Empty(t, k.Secret.Reveal(), "Key reads no secret")
-			}
+				tt.write(t, there)
+				k, err = c.Get(t.Context(), "k1")
+				tt.check(t, k, err)
+				k, err = c.Key(t.Context(), "k1")
+				if err == nil {
+					require.Empty(t, k.Secret.Reveal(), "Key reads no secret")
+				}
+			})
 		})
 	}
 }
@@ -110,125 +103,135 @@ func TestCacheSeesEveryWriteAtOnce(t *testing.T) {
 // after that, and after any ResolveModel, Key or Get at once: a request
 // resolves its model first, so it ranks on the catalog of its start.
 func TestCacheListWithinMaxAge(t *testing.T) {
-	here, there, _ := twoProcesses(t)
-	put(t, there, testKey("k1"))
-	c := newCache(t, here, hour)
-	put(t, there, testKey("k2"))
-	keys, err := c.List(t.Context(), "openai", "default")
-	require.NoError(t, err)
-	require.Len(t, keys, 1, "List serves its snapshot within MaxAge")
-
-	require.NoError(t, there.SetAlias(t.Context(), "openai", "latest", "gpt-4o"))
-	model, err := c.ResolveModel(t.Context(), "openai", "latest")
-	require.NoError(t, err)
-	require.Equal(t, "gpt-4o", model)
-	keys, err = c.List(t.Context(), "openai", "default")
-	require.NoError(t, err)
-	require.Len(t, keys, 2, "a request's ResolveModel brings List up to date")
-	for _, k := range keys {
-		require.Empty(t, k.Secret.Reveal(), "listed keys carry no secret")
-	}
-
-	c = newCache(t, here, &catalog.CacheOptions{MaxAge: 10 * time.Millisecond})
-	put(t, there, testKey("k3"))
-	require.Eventually(t, func() bool {
+	engines(t, func(t *testing.T, db database) {
+		here, there := twoProcesses(t, db)
+		put(t, there, testKey("k1"))
+		c := newCache(t, here, hour)
+		put(t, there, testKey("k2"))
 		keys, err := c.List(t.Context(), "openai", "default")
-		return err == nil && len(keys) == 3
-	}, 10*time.Second, time.Millisecond)
+		require.NoError(t, err)
+		require.Len(t, keys, 1, "List serves its snapshot within MaxAge")
+
+		require.NoError(t, there.SetAlias(t.Context(), "openai", "latest", "gpt-4o"))
+		model, err := c.ResolveModel(t.Context(), "openai", "latest")
+		require.NoError(t, err)
+		require.Equal(t, "gpt-4o", model)
+		keys, err = c.List(t.Context(), "openai", "default")
+		require.NoError(t, err)
+		require.Len(t, keys, 2, "a request's ResolveModel brings List up to date")
+		for _, k := range keys {
+			require.Empty(t, k.Secret.Reveal(), "listed keys carry no secret")
+		}
+
+		c = newCache(t, here, &catalog.CacheOptions{MaxAge: 10 * time.Millisecond})
+		put(t, there, testKey("k3"))
+		require.Eventually(t, func() bool {
+			keys, err := c.List(t.Context(), "openai", "default")
+			return err == nil && len(keys) == 3
+		}, 10*time.Second, time.Millisecond)
+	})
 }
 
 // This process's own writes reach every read at once, MaxAge or not.
 func TestCacheSeesOwnWritesAtOnce(t *testing.T) {
-	c, _ := newCatalog(t)
-	cc := newCache(t, c, hour)
-	put(t, c, testKey("k1"))
-	require.NoError(t, c.SetAlias(t.Context(), "openai", "latest", "gpt-4o"))
+	engines(t, func(t *testing.T, db database) {
+		c := db.open(t, nil)
+		cc := newCache(t, c, hour)
+		put(t, c, testKey("k1"))
+		require.NoError(t, c.SetAlias(t.Context(), "openai", "latest", "gpt-4o"))
 
-	keys, err := cc.List(t.Context(), "openai", "default")
-	require.NoError(t, err)
-	require.Len(t, keys, 1)
-	model, err := cc.ResolveModel(t.Context(), "openai", "latest")
-	require.NoError(t, err)
-	require.Equal(t, "gpt-4o", model)
+		keys, err := cc.List(t.Context(), "openai", "default")
+		require.NoError(t, err)
+		require.Len(t, keys, 1)
+		model, err := cc.ResolveModel(t.Context(), "openai", "latest")
+		require.NoError(t, err)
+		require.Equal(t, "gpt-4o", model)
 
-	require.NoError(t, c.Delete(t.Context(), "k1"))
-	keys, err = cc.List(t.Context(), "", "")
-	require.NoError(t, err)
-	require.Empty(t, keys)
+		require.NoError(t, c.Delete(t.Context(), "k1"))
+		keys, err = cc.List(t.Context(), "", "")
+		require.NoError(t, err)
+		require.Empty(t, keys)
+	})
 }
 
 // A cache further behind than the catalog remembers (its generation no
 // longer logged, the tombstones it needed pruned) reloads every key, so a
 // deleted key never lingers in it.
 func TestCacheReloadsAllWhenFarBehind(t *testing.T) {
-	here, there, db := twoProcesses(t)
-	put(t, there, testKey("gone"))
-	put(t, there, testKey("kept"))
-	c := newCache(t, here, hour)
+	engines(t, func(t *testing.T, db database) {
+		here, there := twoProcesses(t, db)
+		put(t, there, testKey("gone"))
+		put(t, there, testKey("kept"))
+		c := newCache(t, here, hour)
 
-	require.NoError(t, there.Delete(t.Context(), "gone"))
-	// What pruning does once the catalog is 10,000 generations further
-	// (history_test.go runs the pruning itself).
-	for _, table := range []string{"catalog_generations", "catalog_tombstones"} {
-		_, err := db.ExecContext(t.Context(), `DELETE FROM `+table+` WHERE gen < (SELECT gen FROM catalog_generation)`)
-		require.NoError(t, err)
-	}
-	put(t, there, testKey("new"))
+		require.NoError(t, there.Delete(t.Context(), "gone"))
+		// What pruning does once the catalog is 10,000 generations further
+		// (history_test.go runs the pruning itself).
+		for _, table := range []string{"catalog_generations", "catalog_tombstones"} {
+			_, err := db.ExecContext(t.Context(), `DELETE FROM `+table+` WHERE gen < (SELECT gen FROM catalog_generation)`)
+			require.NoError(t, err)
+		}
+		put(t, there, testKey("new"))
 
-	_, err := c.Key(t.Context(), "gone")
-	require.ErrorIs(t, err, catalog.ErrNotFound)
-	for _, id := range []string{"kept", "new"} {
-		_, err = c.Key(t.Context(), id)
-		require.NoError(t, err, id)
-	}
+		_, err := c.Key(t.Context(), "gone")
+		require.ErrorIs(t, err, catalog.ErrNotFound)
+		for _, id := range []string{"kept", "new"} {
+			_, err = c.Key(t.Context(), id)
+			require.NoError(t, err, id)
+		}
+	})
 }
 
 // Uses are written behind: nothing until a flush, then the sums per key,
 // with last_used_at only moving later; the outcomes that change a key go
 // to the catalog at once.
 func TestCacheWritesUsesBehind(t *testing.T) {
-	c, _ := newCatalog(t)
-	put(t, c, testKey("k1"))
-	cc := newCache(t, c, &catalog.CacheOptions{FlushEvery: time.Hour})
+	engines(t, func(t *testing.T, db database) {
+		c := db.open(t, nil)
+		put(t, c, testKey("k1"))
+		cc := newCache(t, c, &catalog.CacheOptions{FlushEvery: time.Hour})
 
-	cc.MarkUsed("k1", t0)
-	cc.MarkUsed("k1", t0.Add(-time.Second))
-	for i, o := range []catalog.Outcome{catalog.OutcomeSuccess, catalog.OutcomeSuccess, catalog.OutcomeError} {
-		k, err := cc.Report(t.Context(), "k1", fmt.Sprintf("lease-%d", i), o, 0, t0)
+		cc.MarkUsed("k1", t0)
+		cc.MarkUsed("k1", t0.Add(-time.Second))
+		for i, o := range []catalog.Outcome{catalog.OutcomeSuccess, catalog.OutcomeSuccess, catalog.OutcomeError} {
+			k, err := cc.Report(t.Context(), "k1", fmt.Sprintf("lease-%d", i), o, 0, t0)
+			require.NoError(t, err)
+			require.Zero(t, k.Successes, "the snapshot's counts until written and read")
+		}
+		k := get(t, c, "k1")
+		require.Zero(t, k.Successes+k.Errors, "not written before the flush")
+		require.True(t, k.LastUsedAt.IsZero())
+
+		k, err := cc.Report(t.Context(), "k1", "lease-9", catalog.OutcomeRateLimited, time.Minute, t0)
 		require.NoError(t, err)
-		require.Zero(t, k.Successes, "the snapshot's counts until written and read")
-	}
-	k := get(t, c, "k1")
-	require.Zero(t, k.Successes+k.Errors, "not written before the flush")
-	require.True(t, k.LastUsedAt.IsZero())
+		require.Equal(t, optimistic.StatusRateLimited, k.Status, "written at once")
+		require.Equal(t, int64(1), k.RateLimitHits)
+		updated := k.UpdatedAt
 
-	k, err := cc.Report(t.Context(), "k1", "lease-9", catalog.OutcomeRateLimited, time.Minute, t0)
-	require.NoError(t, err)
-	require.Equal(t, optimistic.StatusRateLimited, k.Status, "written at once")
-	require.Equal(t, int64(1), k.RateLimitHits)
-	updated := k.UpdatedAt
+		require.NoError(t, cc.Flush(t.Context()))
+		k = get(t, c, "k1")
+		require.Equal(t, []int64{2, 1, 1}, []int64{k.Successes, k.Errors, k.RateLimitHits})
+		require.Equal(t, t0, k.LastUsedAt)
+		require.Equal(t, updated, k.UpdatedAt, "a use is not a change to the key")
 
-	require.NoError(t, cc.Flush(t.Context()))
-	k = get(t, c, "k1")
-	require.Equal(t, []int64{2, 1, 1}, []int64{k.Successes, k.Errors, k.RateLimitHits})
-	require.Equal(t, t0, k.LastUsedAt)
-	require.Equal(t, updated, k.UpdatedAt, "a use is not a change to the key")
-
-	cc.MarkUsed("k1", t0.Add(-time.Hour))
-	require.NoError(t, cc.Flush(t.Context()))
-	require.Equal(t, t0, get(t, c, "k1").LastUsedAt, "never moves back")
+		cc.MarkUsed("k1", t0.Add(-time.Hour))
+		require.NoError(t, cc.Flush(t.Context()))
+		require.Equal(t, t0, get(t, c, "k1").LastUsedAt, "never moves back")
+	})
 }
 
 func TestCacheReportChecks(t *testing.T) {
-	c, _ := newCatalog(t)
-	put(t, c, testKey("k1"))
-	cc := newCache(t, c, nil)
-	_, err := cc.Report(t.Context(), "nope", "lease-1", catalog.OutcomeSuccess, 0, t0)
-	require.ErrorIs(t, err, catalog.ErrNotFound)
-	_, err = cc.Report(t.Context(), "k1", "", catalog.OutcomeSuccess, 0, t0)
-	require.ErrorIs(t, err, optimistic.ErrInvalid)
-	_, err = cc.Report(t.Context(), "k1", "lease-1", "timeout", 0, t0)
-	require.ErrorIs(t, err, optimistic.ErrInvalid)
+	engines(t, func(t *testing.T, db database) {
+		c := db.open(t, nil)
+		put(t, c, testKey("k1"))
+		cc := newCache(t, c, nil)
+		_, err := cc.Report(t.Context(), "nope", "lease-1", catalog.OutcomeSuccess, 0, t0)
+		require.ErrorIs(t, err, catalog.ErrNotFound)
+		_, err = cc.Report(t.Context(), "k1", "", catalog.OutcomeSuccess, 0, t0)
+		require.ErrorIs(t, err, optimistic.ErrInvalid)
+		_, err = cc.Report(t.Context(), "k1", "lease-1", "timeout", 0, t0)
+		require.ErrorIs(t, err, optimistic.ErrInvalid)
+	})
 }
 
 // A flush that fails (the file locked by another process) keeps the
@@ -269,109 +272,115 @@ func TestCacheFlushFailureKeepsUses(t *testing.T) {
 // process's counters reach a snapshot within CountersEvery. Writes that
 // change nothing take none either.
 func TestCacheCounters(t *testing.T) {
-	here, there, db := twoProcesses(t)
-	put(t, there, testKey("k1"))
-	c := newCache(t, here, &catalog.CacheOptions{CountersEvery: 10 * time.Millisecond})
-	writer := newCache(t, there, &catalog.CacheOptions{FlushEvery: time.Hour})
-	gen := func() (g int64) {
-		require.NoError(t, db.QueryRowContext(t.Context(), `SELECT gen FROM catalog_generation`).Scan(&g))
-		return g
-	}
-	before := gen()
-	_, err := writer.Report(t.Context(), "k1", "lease-1", catalog.OutcomeSuccess, 0, t0)
-	require.NoError(t, err)
-	writer.MarkUsed("k1", t0)
-	require.NoError(t, writer.Flush(t.Context()))
-	changed, err := there.RecoverCooldown(t.Context(), "k1", t0)
-	require.NoError(t, err)
-	require.False(t, changed)
-	require.Equal(t, before, gen(), "a flush and a recovery of nothing move no generation")
-	_, err = there.Report(t.Context(), "k1", "lease-2", catalog.OutcomeAuthError, 0, t0)
-	require.NoError(t, err)
-	moved := gen()
-	require.Greater(t, moved, before)
-	_, err = there.Report(t.Context(), "k1", "lease-2", catalog.OutcomeAuthError, 0, t0)
-	require.NoError(t, err)
-	require.Equal(t, moved, gen(), "a lease reported again changes nothing")
+	engines(t, func(t *testing.T, db database) {
+		here, there := twoProcesses(t, db)
+		put(t, there, testKey("k1"))
+		c := newCache(t, here, &catalog.CacheOptions{CountersEvery: 10 * time.Millisecond})
+		writer := newCache(t, there, &catalog.CacheOptions{FlushEvery: time.Hour})
+		gen := func() (g int64) {
+			require.NoError(t, db.QueryRowContext(t.Context(), `SELECT gen FROM catalog_generation`).Scan(&g))
+			return g
+		}
+		before := gen()
+		_, err := writer.Report(t.Context(), "k1", "lease-1", catalog.OutcomeSuccess, 0, t0)
+		require.NoError(t, err)
+		writer.MarkUsed("k1", t0)
+		require.NoError(t, writer.Flush(t.Context()))
+		changed, err := there.RecoverCooldown(t.Context(), "k1", t0)
+		require.NoError(t, err)
+		require.False(t, changed)
+		require.Equal(t, before, gen(), "a flush and a recovery of nothing move no generation")
+		_, err = there.Report(t.Context(), "k1", "lease-2", catalog.OutcomeAuthError, 0, t0)
+		require.NoError(t, err)
+		moved := gen()
+		require.Greater(t, moved, before)
+		_, err = there.Report(t.Context(), "k1", "lease-2", catalog.OutcomeAuthError, 0, t0)
+		require.NoError(t, err)
+		require.Equal(t, moved, gen(), "a lease reported again changes nothing")
 
-	require.Eventually(t, func() bool {
-		keys, err := c.List(t.Context(), "openai", "default")
-		return err == nil && len(keys) == 1 && keys[0].Successes == 1 && keys[0].LastUsedAt.Equal(t0) &&
-			keys[0].Status == optimistic.StatusDisabled
-	}, 10*time.Second, time.Millisecond)
+		require.Eventually(t, func() bool {
+			keys, err := c.List(t.Context(), "openai", "default")
+			return err == nil && len(keys) == 1 && keys[0].Successes == 1 && keys[0].LastUsedAt.Equal(t0) &&
+				keys[0].Status == optimistic.StatusDisabled
+		}, 10*time.Second, time.Millisecond)
+	})
 }
 
 // Readers, the writer and another process's writes at once (run with
 // -race); once the writes stop, the next Key sees the last of them.
 func TestCacheConcurrent(t *testing.T) {
-	here, there, _ := twoProcesses(t)
-	put(t, there, testKey("k1"))
-	c := newCache(t, here, &catalog.CacheOptions{MaxAge: time.Millisecond, FlushEvery: 100 * time.Millisecond})
-	stop := make(chan struct{})
-	errs := make(chan error, 4)
-	var wg sync.WaitGroup
-	for i := range 4 {
-		wg.Go(func() {
-			for n := 0; ; n++ {
-				select {
-				case <-stop:
-					errs <- nil
-					return
-				default:
+	engines(t, func(t *testing.T, db database) {
+		here, there := twoProcesses(t, db)
+		put(t, there, testKey("k1"))
+		c := newCache(t, here, &catalog.CacheOptions{MaxAge: time.Millisecond, FlushEvery: 100 * time.Millisecond})
+		stop := make(chan struct{})
+		errs := make(chan error, 4)
+		var wg sync.WaitGroup
+		for i := range 4 {
+			wg.Go(func() {
+				for n := 0; ; n++ {
+					select {
+					case <-stop:
+						errs <- nil
+						return
+					default:
+					}
+					_, err := c.List(t.Context(), "openai", "default")
+					if err == nil {
+						_, err = c.Get(t.Context(), "k1")
+					}
+					if err == nil {
+						c.MarkUsed("k1", time.Now())
+						_, err = c.Report(t.Context(), "k1", fmt.Sprintf("lease-%d-%d", i, n%10), catalog.OutcomeSuccess, 0, time.Now())
+					}
+					if err != nil {
+						errs <- err
+						return
+					}
 				}
-				_, err := c.List(t.Context(), "openai", "default")
-				if err == nil {
-					_, err = c.Get(t.Context(), "k1")
-				}
-				if err == nil {
-					c.MarkUsed("k1", time.Now())
-					_, err = c.Report(t.Context(), "k1", fmt.Sprintf("lease-%d-%d", i, n%10), catalog.OutcomeSuccess, 0, time.Now())
-				}
-				if err != nil {
-					errs <- err
-					return
-				}
-			}
-		})
-	}
-	k := testKey("k1")
-	for i := range 50 {
-		k.MaxConcurrentUses = i + 1
-		put(t, there, k)
-	}
-	close(stop)
-	wg.Wait()
-	for range 4 {
-		require.NoError(t, <-errs)
-	}
-	got, err := c.Key(t.Context(), "k1")
-	require.NoError(t, err)
-	require.Equal(t, 50, got.MaxConcurrentUses)
+			})
+		}
+		k := testKey("k1")
+		for i := range 50 {
+			k.MaxConcurrentUses = i + 1
+			put(t, there, k)
+		}
+		close(stop)
+		wg.Wait()
+		for range 4 {
+			require.NoError(t, <-errs)
+		}
+		got, err := c.Key(t.Context(), "k1")
+		require.NoError(t, err)
+		require.Equal(t, 50, got.MaxConcurrentUses)
+	})
 }
 
 // A catalog restored from a backup reaches the cache's generation again
 // with other contents: the stamp tells, and the cache reloads every key.
 func TestCacheReloadsAllAfterRestore(t *testing.T) {
-	c, db := newCatalog(t)
-	put(t, c, testKey("k1"))
-	cc := newCache(t, c, hour)
-	k, err := cc.Key(t.Context(), "k1")
-	require.NoError(t, err)
-	require.Equal(t, optimistic.StatusAvailable, k.Status)
+	engines(t, func(t *testing.T, db database) {
+		c := db.open(t, nil)
+		put(t, c, testKey("k1"))
+		cc := newCache(t, c, hour)
+		k, err := cc.Key(t.Context(), "k1")
+		require.NoError(t, err)
+		require.Equal(t, optimistic.StatusAvailable, k.Status)
 
-	// The backup: one generation back, k1 disabled; then one write after
-	// the restore brings the generation to the number the cache holds.
-	for _, q := range []string{
-		`UPDATE catalog_keys SET status = 'disabled'`,
-		`DELETE FROM catalog_generations WHERE gen = (SELECT gen FROM catalog_generation)`,
-		`UPDATE catalog_generation SET gen = gen - 1, stamp = 'backup'`,
-	} {
-		_, err = db.ExecContext(t.Context(), q)
-		require.NoError(t, err, q)
-	}
-	put(t, c, testKey("k2"))
+		// The backup: one generation back, k1 disabled; then one write after
+		// the restore brings the generation to the number the cache holds.
+		for _, q := range []string{
+			`UPDATE catalog_keys SET status = 'disabled'`,
+			`DELETE FROM catalog_generations WHERE gen = (SELECT gen FROM catalog_generation)`,
+			`UPDATE catalog_generation SET gen = gen - 1, stamp = 'backup'`,
+		} {
+			_, err = db.ExecContext(t.Context(), q)
+			require.NoError(t, err, q)
+		}
+		put(t, c, testKey("k2"))
 
-	k, err = cc.Key(t.Context(), "k1")
-	require.NoError(t, err)
-	require.Equal(t, optimistic.StatusDisabled, k.Status)
+		k, err = cc.Key(t.Context(), "k1")
+		require.NoError(t, err)
+		require.Equal(t, optimistic.StatusDisabled, k.Status)
+	})
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"maps"
+	"slices"
 	"time"
 )
 
@@ -27,12 +29,11 @@ type alias struct{ provider, name string }
 // the keys stamped later and the tombstones of those deleted later; or
 // every key when since is 0, no longer logged, or logged with another
 // stamp (the catalog was restored from a backup). It is one read
-// transaction: on SQLite one consistent view; on PostgreSQL's READ
-// COMMITTED the generation is read first, so rows may be newer than it,
-// never older, and the next check reads them again.
+// transaction, so one consistent view on both engines (PostgreSQL's
+// REPEATABLE READ).
 func (s *SQL) changesSince(ctx context.Context, since int64, stamp string) (changes, error) {
 	var c changes
-	err := s.db.Read(ctx, busyPolicy, func(tx *sql.Tx, _ int64) error {
+	err := s.db.readTx(ctx, func(tx txn) error {
 		c = changes{}
 		if err := tx.QueryRowContext(ctx, `SELECT gen, stamp FROM catalog_generation WHERE id = 1`).Scan(&c.gen, &c.stamp); err != nil {
 			return err
@@ -66,7 +67,7 @@ func (s *SQL) changesSince(ctx context.Context, since int64, stamp string) (chan
 	return c, nil
 }
 
-func tombstones(ctx context.Context, tx *sql.Tx, since int64) ([]string, error) {
+func tombstones(ctx context.Context, tx txn, since int64) ([]string, error) {
 	rows, err := tx.QueryContext(ctx, `SELECT key_id FROM catalog_tombstones WHERE gen > ?`, since)
 	if err != nil {
 		return nil, err
@@ -83,7 +84,7 @@ func tombstones(ctx context.Context, tx *sql.Tx, since int64) ([]string, error) 
 	return ids, rows.Err()
 }
 
-func aliases(ctx context.Context, tx *sql.Tx) (map[alias]string, error) {
+func aliases(ctx context.Context, tx txn) (map[alias]string, error) {
 	rows, err := tx.QueryContext(ctx, `SELECT provider, alias, model FROM catalog_model_aliases`)
 	if err != nil {
 		return nil, err
@@ -115,7 +116,7 @@ type use struct {
 // counters and last use only rank keys, and Caches read them on their own
 // schedule (CacheOptions.CountersEvery).
 func (s *SQL) record(ctx context.Context, uses map[string]use) error {
-	return s.db.Write(ctx, busyPolicy, func(tx *sql.Tx, _ int64) error {
+	return s.db.writeTx(ctx, func(tx txn) error {
 		update, err := tx.PrepareContext(ctx, `UPDATE catalog_keys SET
 			successes = successes + ?, errors = errors + ?,
 			last_used_at = CASE WHEN ? > COALESCE(last_used_at, 0) THEN ? ELSE last_used_at END
@@ -124,7 +125,10 @@ func (s *SQL) record(ctx context.Context, uses map[string]use) error {
 			return err
 		}
 		defer update.Close()
-		for id, u := range uses {
+		// In id order: on PostgreSQL two instances flushing the same keys
+		// then lock their rows in the same order, and never deadlock.
+		for _, id := range slices.Sorted(maps.Keys(uses)) {
+			u := uses[id]
 			var last int64
 			if !u.lastUsed.IsZero() {
 				last = u.lastUsed.UnixMilli()

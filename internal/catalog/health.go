@@ -28,7 +28,7 @@ func (s *SQL) MarkSynced(ctx context.Context, store string, at time.Time, ids ..
 	if len(ids) == 0 {
 		return nil
 	}
-	return s.write(ctx, fmt.Sprintf("mark %d keys synced", len(ids)), func(tx *sql.Tx, gen int64) error {
+	return s.write(ctx, fmt.Sprintf("mark %d keys synced", len(ids)), func(tx txn, gen int64) error {
 		for _, id := range ids {
 			res, err := tx.ExecContext(ctx, `UPDATE catalog_keys SET
 				synced_at = CASE WHEN synced_store = ? AND synced_at IS NOT NULL THEN synced_at ELSE ? END,
@@ -50,7 +50,7 @@ func (s *SQL) MarkSynced(ctx context.Context, store string, at time.Time, ids ..
 // ErrNotFound.
 func (s *SQL) Quarantine(ctx context.Context, id string, until, now time.Time) (Key, error) {
 	var k Key
-	err := s.write(ctx, fmt.Sprintf("quarantine key %q", id), func(tx *sql.Tx, gen int64) error {
+	err := s.write(ctx, fmt.Sprintf("quarantine key %q", id), func(tx txn, gen int64) error {
 		ms := until.UnixMilli()
 		res, err := tx.ExecContext(ctx, `UPDATE catalog_keys SET
 			quarantine_until = CASE WHEN quarantine_until IS NULL OR quarantine_until < ? THEN ? ELSE quarantine_until END,
@@ -88,7 +88,7 @@ func (s *SQL) Quarantined(ctx context.Context, now time.Time) (int, time.Time, e
 func (s *SQL) RecoverCooldown(ctx context.Context, id string, now time.Time) (bool, error) {
 	ms := now.UnixMilli()
 	var n int64
-	err := s.write(ctx, fmt.Sprintf("recover key %q", id), func(tx *sql.Tx, gen int64) error {
+	err := s.write(ctx, fmt.Sprintf("recover key %q", id), func(tx txn, gen int64) error {
 		res, err := tx.ExecContext(ctx, `UPDATE catalog_keys SET
 			status = CASE WHEN status IN (?, ?) AND cooldown_until IS NOT NULL AND cooldown_until <= ? THEN ? ELSE status END,
 			cooldown_until = CASE WHEN status IN (?, ?) AND cooldown_until IS NOT NULL AND cooldown_until <= ? THEN NULL ELSE cooldown_until END,
@@ -160,7 +160,7 @@ func (s *SQL) Report(ctx context.Context, id, leaseID string, o Outcome, retryAf
 		return Key{}, invalidf("outcome: want success, error, rate_limited or auth_error")
 	}
 	var k Key
-	err := s.write(ctx, fmt.Sprintf("report %s on key %q", o, id), func(tx *sql.Tx, gen int64) error {
+	err := s.write(ctx, fmt.Sprintf("report %s on key %q", o, id), func(tx txn, gen int64) error {
 		res, err := tx.ExecContext(ctx, `INSERT INTO catalog_reports (lease_id, key_id, outcome, reported_at)
 		VALUES (?, ?, ?, ?) ON CONFLICT (lease_id) DO NOTHING`, leaseID, id, string(o), ms)
 		if err != nil {

@@ -3,14 +3,18 @@ package catalog_test
 import (
 	"context"
 	"database/sql"
+	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/credpool/credpool/internal/catalog"
+	"github.com/credpool/credpool/internal/postgres"
 	"github.com/credpool/credpool/internal/sqlitex"
 	"github.com/credpool/credpool/internal/sqlitex/sqlitextest"
 	"github.com/credpool/credpool/optimistic"
+	"github.com/credpool/credpool/test/pgtest"
 )
 
 // openDB opens the SQLite file at path the way the service does.
@@ -30,7 +34,51 @@ var openers = map[string]func(t *testing.T, path string) *sqlitex.DB{
 	},
 }
 
-// newCatalog returns a catalog on a fresh temp file, and its database.
+func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
+
+// database is a test's empty catalog database on one engine.
+type database struct {
+	// DB runs the test's own statements (no placeholders: the engines
+	// spell them differently).
+	*sql.DB
+	// New opens a catalog on the database with connections of its own,
+	// as another process would.
+	New func(ctx context.Context, opts *catalog.Options) (*catalog.SQL, error)
+}
+
+// open is New for a catalog the test expects to open.
+func (db database) open(t *testing.T, opts *catalog.Options) *catalog.SQL {
+	t.Helper()
+	c, err := db.New(t.Context(), opts)
+	require.NoError(t, err)
+	return c
+}
+
+// engines runs body once per catalog engine, SQLite and PostgreSQL (a
+// real server), each time on a fresh database.
+func engines(t *testing.T, body func(t *testing.T, db database)) {
+	t.Run("sqlite", func(t *testing.T) {
+		path := filepath.Join(t.TempDir(), "credpool.db")
+		body(t, database{DB: openDB(t, path).DB, New: func(ctx context.Context, opts *catalog.Options) (*catalog.SQL, error) {
+			return catalog.New(ctx, openDB(t, path), opts)
+		}})
+	})
+	t.Run("postgres", func(t *testing.T) {
+		url := pgtest.URL(t)
+		open := func() *postgres.DB {
+			db, err := postgres.Open(t.Context(), url)
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = db.Close() })
+			return db
+		}
+		body(t, database{DB: open().DB, New: func(ctx context.Context, opts *catalog.Options) (*catalog.SQL, error) {
+			return catalog.NewPostgres(ctx, open(), opts)
+		}})
+	})
+}
+
+// newCatalog returns a catalog on a fresh SQLite file, and its database:
+// for what only SQLite has.
 func newCatalog(t *testing.T) (*catalog.SQL, *sqlitex.DB) {
 	t.Helper()
 	db := sqlitextest.Temp(t)

@@ -1,18 +1,21 @@
 package catalog_test
 
 import (
+	"database/sql"
 	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/credpool/credpool/internal/catalog"
+	"github.com/credpool/credpool/internal/postgres"
 	"github.com/credpool/credpool/internal/sqlitex"
+	"github.com/credpool/credpool/test/pgtest"
 )
 
 // versions returns how many schema steps are recorded, and how many
 // distinct ones.
-func versions(t *testing.T, db *sqlitex.DB) (rows, distinct int) {
+func versions(t *testing.T, db *sql.DB) (rows, distinct int) {
 	t.Helper()
 	require.NoError(t, db.QueryRowContext(t.Context(),
 		`SELECT COUNT(*), COUNT(DISTINCT version) FROM catalog_schema`).Scan(&rows, &distinct))
@@ -20,19 +23,52 @@ func versions(t *testing.T, db *sqlitex.DB) (rows, distinct int) {
 }
 
 func TestNewIsIdempotent(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "credpool.db")
-	db := openDB(t, path)
-	c, err := catalog.New(t.Context(), db, nil)
-	require.NoError(t, err)
-	put(t, c, testKey("k1"))
+	engines(t, func(t *testing.T, db database) {
+		put(t, db.open(t, nil), testKey("k1"))
+		again := db.open(t, nil)
+		require.Equal(t, secret, get(t, again, "k1").Secret.Reveal())
 
-	again, err := catalog.New(t.Context(), openDB(t, path), nil)
-	require.NoError(t, err)
-	require.Equal(t, secret, get(t, again, "k1").Secret.Reveal())
+		rows, distinct := versions(t, db.DB)
+		require.Equal(t, rows, distinct)
+		require.Positive(t, rows)
+	})
+}
 
-	rows, distinct := versions(t, db)
+// A database migrated by a newer binary is refused, not written to.
+func TestNewRefusesNewerSchema(t *testing.T) {
+	engines(t, func(t *testing.T, db database) {
+		db.open(t, nil)
+		_, err := db.ExecContext(t.Context(), `INSERT INTO catalog_schema (version, applied_at) VALUES (99, 0)`)
+		require.NoError(t, err)
+		_, err = db.New(t.Context(), nil)
+		require.ErrorContains(t, err, "newer than this binary knows")
+	})
+}
+
+// Processes starting at once on a new PostgreSQL database, each with its
+// own connections: the advisory lock has them migrate one after the other.
+func TestNewConcurrentPostgres(t *testing.T) {
+	url := pgtest.URL(t)
+	const starts = 8
+	errs := make(chan error, starts)
+	for range starts {
+		go func() {
+			db, err := postgres.Open(t.Context(), url)
+			if err == nil {
+				defer db.Close()
+				_, err = catalog.NewPostgres(t.Context(), db, nil)
+			}
+			errs <- err
+		}()
+	}
+	for range starts {
+		require.NoError(t, <-errs)
+	}
+	db, err := postgres.Open(t.Context(), url)
+	require.NoError(t, err)
+	defer db.Close()
+	rows, distinct := versions(t, db.DB)
 	require.Equal(t, rows, distinct)
-	require.Positive(t, rows)
 }
 
 // Processes starting at once, each with its own *sql.DB on the file.
@@ -53,7 +89,7 @@ func TestNewConcurrent(t *testing.T) {
 				require.NoError(t, <-errs)
 			}
 
-			rows, distinct := versions(t, dbs[0])
+			rows, distinct := versions(t, dbs[0].DB)
 			require.Equal(t, rows, distinct)
 			c, err := catalog.New(t.Context(), dbs[1], nil)
 			require.NoError(t, err)

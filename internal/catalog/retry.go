@@ -3,9 +3,9 @@ package catalog
 import (
 	"context"
 	"crypto/rand"
-	"database/sql"
 	"errors"
 
+	"github.com/credpool/credpool/internal/postgres"
 	"github.com/credpool/credpool/internal/retry"
 	"github.com/credpool/credpool/internal/sqlitex"
 )
@@ -37,8 +37,8 @@ var errUnchanged = errors.New("catalog: nothing to change")
 // stamps every key row it changes with it (gen = ?): that is how a Cache,
 // in this process or another, learns what changed. A busy transaction runs
 // again, so fn must have no effect outside tx but assigning its results.
-func (s *SQL) write(ctx context.Context, op string, fn func(tx *sql.Tx, gen int64) error) error {
-	err := s.db.Write(ctx, busyPolicy, func(tx *sql.Tx, _ int64) error {
+func (s *SQL) write(ctx context.Context, op string, fn func(tx txn, gen int64) error) error {
+	err := s.db.writeTx(ctx, func(tx txn) error {
 		stamp := rand.Text()
 		var gen int64
 		if err := tx.QueryRowContext(ctx, `UPDATE catalog_generation SET gen = gen + 1, stamp = ? WHERE id = 1 RETURNING gen`,
@@ -67,12 +67,16 @@ func (s *SQL) write(ctx context.Context, op string, fn func(tx *sql.Tx, gen int6
 
 // fail classifies a database error the way the lease stores do, so one
 // error mapping serves both: ErrNotFound passes through, and the rest go
-// through sqlitex.Classify (ErrInvalid passes, cancellation keeps both
-// causes, still busy after the retries is optimistic.ErrContended, anything
-// else optimistic.ErrStore).
+// through sqlitex.Classify or postgres.Classify (ErrInvalid passes,
+// cancellation keeps both causes, a lost race that outlived the retries,
+// SQLite's busy or PostgreSQL's serialization failure, is
+// optimistic.ErrContended, anything else optimistic.ErrStore).
 func fail(ctx context.Context, op string, err error) error {
 	if errors.Is(err, ErrNotFound) {
 		return err
+	}
+	if postgres.Conflict(err) {
+		return postgres.Classify(ctx, "catalog: "+op, err)
 	}
 	return sqlitex.Classify(ctx, "catalog: "+op, err)
 }

@@ -18,39 +18,41 @@ import (
 // The secret must not leak through any way a Key is commonly printed,
 // logged or marshalled.
 func TestSecretNeverPrinted(t *testing.T) {
-	c, _ := newCatalog(t)
-	put(t, c, testKey("k1"))
-	k := get(t, c, "k1")
-	keys, err := c.List(t.Context(), "", "")
-	require.NoError(t, err)
-
-	var outputs []string
-	for _, v := range []any{k, &k, keys, k.Secret} {
-		for _, verb := range []string{"%v", "%+v", "%#v", "%s", "%q", "%x", "%d"} {
-			outputs = append(outputs, fmt.Sprintf(verb, v))
-		}
-		b, err := json.Marshal(v)
+	engines(t, func(t *testing.T, db database) {
+		c := db.open(t, nil)
+		put(t, c, testKey("k1"))
+		k := get(t, c, "k1")
+		keys, err := c.List(t.Context(), "", "")
 		require.NoError(t, err)
-		outputs = append(outputs, string(b))
-	}
-	for _, h := range []func(*bytes.Buffer) slog.Handler{
-		func(b *bytes.Buffer) slog.Handler { return slog.NewJSONHandler(b, nil) },
-		func(b *bytes.Buffer) slog.Handler { return slog.NewTextHandler(b, nil) },
-	} {
-		var buf bytes.Buffer
-		log := slog.New(h(&buf))
-		log.Info("key", "key", k, "ptr", &k, "keys", keys, "secret", k.Secret)
-		log.Info("key", slog.Any("key", k), slog.Group("g", "secret", k.Secret))
-		outputs = append(outputs, buf.String())
-	}
 
-	for _, out := range outputs {
-		require.NotContains(t, out, secret)
-		require.NotContains(t, out, fmt.Sprintf("%x", secret))
-	}
-	require.Contains(t, fmt.Sprint(k), "[redacted]")
-	require.Equal(t, secret, k.Secret.Reveal())
-	require.IsType(t, catalog.Secret(""), k.Secret)
+		var outputs []string
+		for _, v := range []any{k, &k, keys, k.Secret} {
+			for _, verb := range []string{"%v", "%+v", "%#v", "%s", "%q", "%x", "%d"} {
+				outputs = append(outputs, fmt.Sprintf(verb, v))
+			}
+			b, err := json.Marshal(v)
+			require.NoError(t, err)
+			outputs = append(outputs, string(b))
+		}
+		for _, h := range []func(*bytes.Buffer) slog.Handler{
+			func(b *bytes.Buffer) slog.Handler { return slog.NewJSONHandler(b, nil) },
+			func(b *bytes.Buffer) slog.Handler { return slog.NewTextHandler(b, nil) },
+		} {
+			var buf bytes.Buffer
+			log := slog.New(h(&buf))
+			log.Info("key", "key", k, "ptr", &k, "keys", keys, "secret", k.Secret)
+			log.Info("key", slog.Any("key", k), slog.Group("g", "secret", k.Secret))
+			outputs = append(outputs, buf.String())
+		}
+
+		for _, out := range outputs {
+			require.NotContains(t, out, secret)
+			require.NotContains(t, out, fmt.Sprintf("%x", secret))
+		}
+		require.Contains(t, fmt.Sprint(k), "[redacted]")
+		require.Equal(t, secret, k.Secret.Reveal())
+		require.IsType(t, catalog.Secret(""), k.Secret)
+	})
 }
 
 func sealer(t *testing.T, current []byte, old ...[]byte) *catalog.Sealer {
@@ -120,59 +122,63 @@ func TestSecretsSealedAtRest(t *testing.T) {
 // it at start: it seals the others, leaves that one as it is and names its
 // key. Get then fails on that key only.
 func TestRekeySkipsWhatItCannotOpen(t *testing.T) {
-	plain, db := newCatalog(t)
-	oldKey, droppedKey, newKey := key32(1), key32(9), key32(2)
-	withOld, err := catalog.New(t.Context(), db, &catalog.Options{Sealer: sealer(t, oldKey)})
-	require.NoError(t, err)
-	withDropped, err := catalog.New(t.Context(), db, &catalog.Options{Sealer: sealer(t, droppedKey)})
-	require.NoError(t, err)
-	put(t, plain, testKey("a-plain"))
-	put(t, withOld, testKey("b-old"))
-	put(t, withDropped, testKey("c-dropped"))
-	put(t, withOld, testKey("d-tampered"))
-	looksSealed := testKey("e-looks-sealed")
-	looksSealed.Secret = "v1:not-a-sealed-secret"
-	put(t, plain, looksSealed)
-	put(t, withOld, testKey("f-old"))
-	_, err = db.ExecContext(t.Context(), `UPDATE catalog_keys SET secret = (SELECT secret FROM catalog_keys WHERE id = 'b-old') WHERE id = 'd-tampered'`)
-	require.NoError(t, err)
+	engines(t, func(t *testing.T, db database) {
+		plain := db.open(t, nil)
+		oldKey, droppedKey, newKey := key32(1), key32(9), key32(2)
+		withOld, err := db.New(t.Context(), &catalog.Options{Sealer: sealer(t, oldKey)})
+		require.NoError(t, err)
+		withDropped, err := db.New(t.Context(), &catalog.Options{Sealer: sealer(t, droppedKey)})
+		require.NoError(t, err)
+		put(t, plain, testKey("a-plain"))
+		put(t, withOld, testKey("b-old"))
+		put(t, withDropped, testKey("c-dropped"))
+		put(t, withOld, testKey("d-tampered"))
+		looksSealed := testKey("e-looks-sealed")
+		looksSealed.Secret = "v1:not-a-sealed-secret"
+		put(t, plain, looksSealed)
+		put(t, withOld, testKey("f-old"))
+		_, err = db.ExecContext(t.Context(), `UPDATE catalog_keys SET secret = (SELECT secret FROM catalog_keys WHERE id = 'b-old') WHERE id = 'd-tampered'`)
+		require.NoError(t, err)
 
-	rotated, err := catalog.New(t.Context(), db, &catalog.Options{Sealer: sealer(t, newKey, oldKey)})
-	require.NoError(t, err)
-	n, skipped, err := rotated.Rekey(t.Context())
-	require.NoError(t, err)
-	require.Equal(t, 3, n, "the plaintext one and the two sealed with the old key")
-	require.Equal(t, []string{"c-dropped", "d-tampered", "e-looks-sealed"}, skipped)
+		rotated, err := db.New(t.Context(), &catalog.Options{Sealer: sealer(t, newKey, oldKey)})
+		require.NoError(t, err)
+		n, skipped, err := rotated.Rekey(t.Context())
+		require.NoError(t, err)
+		require.Equal(t, 3, n, "the plaintext one and the two sealed with the old key")
+		require.Equal(t, []string{"c-dropped", "d-tampered", "e-looks-sealed"}, skipped)
 
-	onlyNew, err := catalog.New(t.Context(), db, &catalog.Options{Sealer: sealer(t, newKey)})
-	require.NoError(t, err)
-	for _, id := range []string{"a-plain", "b-old", "f-old"} {
-		require.Equal(t, secret, get(t, onlyNew, id).Secret.Reveal(), id)
-	}
-	for _, id := range skipped {
-		_, err := onlyNew.Get(t.Context(), id)
-		require.ErrorIs(t, err, optimistic.ErrStore, id)
-	}
-	require.Equal(t, secret, get(t, withDropped, "c-dropped").Secret.Reveal(), "left as it was")
+		onlyNew, err := db.New(t.Context(), &catalog.Options{Sealer: sealer(t, newKey)})
+		require.NoError(t, err)
+		for _, id := range []string{"a-plain", "b-old", "f-old"} {
+			require.Equal(t, secret, get(t, onlyNew, id).Secret.Reveal(), id)
+		}
+		for _, id := range skipped {
+			_, err := onlyNew.Get(t.Context(), id)
+			require.ErrorIs(t, err, optimistic.ErrStore, id)
+		}
+		require.Equal(t, secret, get(t, withDropped, "c-dropped").Secret.Reveal(), "left as it was")
 
-	n, again, err := onlyNew.Rekey(t.Context())
-	require.NoError(t, err)
-	require.Zero(t, n)
-	require.Equal(t, skipped, again)
+		n, again, err := onlyNew.Rekey(t.Context())
+		require.NoError(t, err)
+		require.Zero(t, n)
+		require.Equal(t, skipped, again)
+	})
 }
 
 // A sealed secret is bound to its key: moved to another row, it does not
 // open.
 func TestSealedSecretBoundToItsKey(t *testing.T) {
-	c, db := newCatalog(t)
-	sealed, err := catalog.New(t.Context(), db, &catalog.Options{Sealer: sealer(t, key32(3))})
-	require.NoError(t, err)
-	put(t, sealed, testKey("a"))
-	put(t, c, testKey("b"))
-	_, err = db.ExecContext(t.Context(), `UPDATE catalog_keys SET secret = (SELECT secret FROM catalog_keys WHERE id = 'a') WHERE id = 'b'`)
-	require.NoError(t, err)
-	_, err = sealed.Get(t.Context(), "b")
-	require.ErrorIs(t, err, optimistic.ErrStore)
+	engines(t, func(t *testing.T, db database) {
+		c := db.open(t, nil)
+		sealed, err := db.New(t.Context(), &catalog.Options{Sealer: sealer(t, key32(3))})
+		require.NoError(t, err)
+		put(t, sealed, testKey("a"))
+		put(t, c, testKey("b"))
+		_, err = db.ExecContext(t.Context(), `UPDATE catalog_keys SET secret = (SELECT secret FROM catalog_keys WHERE id = 'a') WHERE id = 'b'`)
+		require.NoError(t, err)
+		_, err = sealed.Get(t.Context(), "b")
+		require.ErrorIs(t, err, optimistic.ErrStore)
+	})
 }
 
 func TestParseSealer(t *testing.T) {

@@ -10,27 +10,28 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/credpool/credpool/internal/postgres"
 	"github.com/credpool/credpool/internal/sqlitex"
 )
 
-// SQL is the catalog on a database/sql database. It is safe for concurrent
-// use, and by several processes sharing one database. Every method is one
-// statement or one transaction: on failure nothing is written.
+// SQL is the catalog on a database/sql database: SQLite (New, the
+// embedded default) or PostgreSQL (NewPostgres, shared by hosts). It is
+// safe for concurrent use, and by several processes sharing one database.
+// Every method is one statement or one transaction: on failure nothing is
+// written.
 //
-// The SQL is written for SQLite (the embedded default, e.g. the file
-// sqlitex.Open returns, in WAL mode with a busy_timeout) and kept close to
-// PostgreSQL. SQLite-specific: the ? placeholders (PostgreSQL wants $n),
-// the migration runner, the write gate and the busy check
-// (internal/sqlitex). Write transactions start with a write so that SQLite
-// takes its write lock up front.
+// The SQL is written once for both engines (engine.go has what differs:
+// placeholders, transactions, the migration runner). Write transactions
+// start with a write, the generation row (see write), so that SQLite takes
+// its write lock up front and PostgreSQL orders the writers on that row.
 //
 // Errors: ErrNotFound for a missing key, optimistic.ErrInvalid (naming the
 // field) for a rejected argument, optimistic.ErrContended when the database
-// stayed locked through the busy retries, optimistic.ErrStore for any other
-// database failure, and the context's error when ctx ends first. None
-// carries a secret.
+// stayed locked (SQLite) or kept aborting for lost races (PostgreSQL)
+// through the retries, optimistic.ErrStore for any other database failure,
+// and the context's error when ctx ends first. None carries a secret.
 type SQL struct {
-	db      *sqlitex.DB
+	db      *engine
 	sealer  *Sealer
 	history history
 	// writes counts this process's write transactions, committed or not
@@ -49,13 +50,13 @@ type Options struct {
 	Sealer *Sealer
 }
 
-// New returns the catalog on db after migrating its schema to the latest
-// version (tables catalog_schema, catalog_keys, catalog_key_models,
-// catalog_model_aliases, catalog_reports, catalog_generation,
-// catalog_generations, catalog_tombstones). Migrating is idempotent and safe when several
-// processes start at once; a failed migration leaves the previous version.
-// Its writes queue on db's write gate, with those of every other user of
-// db in this process.
+// New returns the catalog on the SQLite database db after migrating its
+// schema to the latest version (tables catalog_schema, catalog_keys,
+// catalog_key_models, catalog_model_aliases, catalog_reports,
+// catalog_generation, catalog_generations, catalog_tombstones). Migrating
+// is idempotent and safe when several processes start at once; a failed
+// migration leaves the previous version. Its writes queue on db's write
+// gate, with those of every other user of db in this process.
 func New(ctx context.Context, db *sqlitex.DB, opts *Options) (*SQL, error) {
 	if db == nil {
 		return nil, errors.New("catalog: nil database")
@@ -63,11 +64,27 @@ func New(ctx context.Context, db *sqlitex.DB, opts *Options) (*SQL, error) {
 	if err := sqlitex.Migrate(ctx, db.DB, schema, busyPolicy); err != nil {
 		return nil, fail(ctx, "open", err)
 	}
-	s := &SQL{db: db, history: defaultHistory}
+	return newSQL(sqliteEngine(db), opts), nil
+}
+
+// NewPostgres is New on a PostgreSQL database: the same tables, migrated
+// the same way (postgres.Migrate), for catalogs that several hosts share.
+func NewPostgres(ctx context.Context, db *postgres.DB, opts *Options) (*SQL, error) {
+	if db == nil {
+		return nil, errors.New("catalog: nil database")
+	}
+	if err := postgres.Migrate(ctx, db, schema.Table, postgresSteps(), busyPolicy); err != nil {
+		return nil, fail(ctx, "open", err)
+	}
+	return newSQL(postgresEngine(db), opts), nil
+}
+
+func newSQL(e *engine, opts *Options) *SQL {
+	s := &SQL{db: e, history: defaultHistory}
 	if opts != nil {
 		s.sealer = opts.Sealer
 	}
-	return s, nil
+	return s
 }
 
 // Ping checks that the catalog's database answers and holds its schema.
@@ -145,7 +162,7 @@ func (s *SQL) PutMany(ctx context.Context, keys ...Key) ([]Key, error) {
 		op = "put key " + keys[0].ID
 	}
 	var stored []Key
-	err := s.write(ctx, op, func(tx *sql.Tx, gen int64) error {
+	err := s.write(ctx, op, func(tx txn, gen int64) error {
 		for _, r := range rows {
 			if err := r.put(ctx, tx, gen, now); err != nil {
 				return err
@@ -175,7 +192,7 @@ type putRow struct {
 	secret string
 }
 
-func (r putRow) put(ctx context.Context, tx *sql.Tx, gen, now int64) error {
+func (r putRow) put(ctx context.Context, tx txn, gen, now int64) error {
 	k := r.k
 	// created is NULL unless k sets it: an update then keeps the stored one.
 	created, insertCreated := millis(k.CreatedAt), any(now)
@@ -237,7 +254,7 @@ func (s *SQL) Rekey(ctx context.Context) (sealed int, skipped []string, err erro
 	if s.sealer == nil {
 		return 0, nil, errors.New("catalog: rekey: no sealer")
 	}
-	err = s.write(ctx, "rekey secrets", func(tx *sql.Tx, gen int64) error {
+	err = s.write(ctx, "rekey secrets", func(tx txn, gen int64) error {
 		sealed, skipped = 0, nil
 		stale, err := s.stale(ctx, tx)
 		if err != nil {
@@ -266,9 +283,10 @@ func (s *SQL) Rekey(ctx context.Context) (sealed int, skipped []string, err erro
 	if err != nil {
 		return 0, nil, err
 	}
-	if sealed > 0 {
-		// Best effort: move the rewritten pages into the file and empty the
-		// WAL, which still holds the old values (readers may keep it).
+	if sealed > 0 && !s.db.postgres {
+		// Best effort: move the rewritten pages into the file and empty
+		// SQLite's WAL, which still holds the old values (readers may keep
+		// it).
 		_, _ = s.db.ExecContext(ctx, `PRAGMA wal_checkpoint(TRUNCATE)`)
 	}
 	return sealed, skipped, nil
@@ -278,7 +296,7 @@ func (s *SQL) Rekey(ctx context.Context) (sealed int, skipped []string, err erro
 type storedSecret struct{ id, secret string }
 
 // stale reads, in id order, the secrets not sealed with the current key.
-func (s *SQL) stale(ctx context.Context, tx *sql.Tx) ([]storedSecret, error) {
+func (s *SQL) stale(ctx context.Context, tx txn) ([]storedSecret, error) {
 	rows, err := tx.QueryContext(ctx, `SELECT id, secret FROM catalog_keys ORDER BY id`)
 	if err != nil {
 		return nil, err
@@ -313,7 +331,7 @@ func (s *SQL) List(ctx context.Context, provider, pool string) ([]Key, error) {
 // Delete removes the key and its models, or returns ErrNotFound. It leaves
 // a tombstone for Caches to see.
 func (s *SQL) Delete(ctx context.Context, id string) error {
-	return s.write(ctx, fmt.Sprintf("delete key %q", id), func(tx *sql.Tx, gen int64) error {
+	return s.write(ctx, fmt.Sprintf("delete key %q", id), func(tx txn, gen int64) error {
 		res, err := tx.ExecContext(ctx, `DELETE FROM catalog_keys WHERE id = ?`, id)
 		if err := found(res, err, id); err != nil {
 			return err
@@ -336,7 +354,7 @@ const selectKeys = `SELECT
 	k.created_at, k.updated_at, k.synced_at, COALESCE(k.synced_store, ''), k.quarantine_until, m.model
 FROM catalog_keys k LEFT JOIN catalog_key_models m ON m.key_id = k.id `
 
-// queryer is what *sql.DB and *sql.Tx share for reads.
+// queryer is what engine and txn share for reads.
 type queryer interface {
 	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
 }
@@ -376,7 +394,16 @@ func queryKeys(ctx context.Context, q queryer, withSecret bool, where string, ar
 			last.Models = append(last.Models, model.String)
 		}
 	}
-	return keys, rows.Err()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	// Byte order, as Go compares: PostgreSQL's ORDER BY follows the
+	// database's collation, which may not.
+	slices.SortFunc(keys, func(a, b Key) int { return strings.Compare(a.ID, b.ID) })
+	for _, k := range keys {
+		slices.Sort(k.Models)
+	}
+	return keys, nil
 }
 
 func getKey(ctx context.Context, q queryer, id string, withSecret bool) (Key, error) {

@@ -1,0 +1,119 @@
+// Package postgres is what the catalog needs of PostgreSQL, as sqlitex is
+// for SQLite: opening a database by URL through pgx, transactions run
+// again when PostgreSQL aborted them for a lost race, telling a lost race
+// from a broken database, and the migration runner.
+package postgres
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/credpool/credpool/internal/retry"
+	"github.com/credpool/credpool/optimistic"
+)
+
+// MaxConns bounds the connections one Open keeps. The hot path reads one
+// prepared row per request; writes queue on the catalog's generation row
+// anyway.
+const MaxConns = 16
+
+// DB is a PostgreSQL database opened by Open. It is safe for concurrent
+// use.
+type DB struct{ *sql.DB }
+
+// IsURL reports whether s names a PostgreSQL database
+// (postgres:// or postgresql://) rather than a SQLite file.
+func IsURL(s string) bool {
+	return strings.HasPrefix(s, "postgres://") || strings.HasPrefix(s, "postgresql://")
+}
+
+// Open connects to the database at rawURL (postgres://user:password@host:port/db?sslmode=...,
+// libpq's URL form; PG* environment variables fill in what it leaves out)
+// and checks that it answers. Its errors never carry the password. The
+// caller closes the returned db.
+func Open(ctx context.Context, rawURL string) (*DB, error) {
+	cfg, err := pgx.ParseConfig(rawURL)
+	if err != nil {
+		// pgx's message may quote the URL; Redact's does not keep the password.
+		return nil, fmt.Errorf("postgres: %s: not a valid URL, want postgres://user:password@host:port/database", Redact(rawURL))
+	}
+	db := stdlib.OpenDB(*cfg)
+	db.SetMaxOpenConns(MaxConns)
+	db.SetMaxIdleConns(MaxConns)
+	db.SetConnMaxIdleTime(time.Minute)
+	if err := db.PingContext(ctx); err != nil {
+		_ = db.Close()
+		return nil, fmt.Errorf("postgres: %s: %w", Redact(rawURL), err)
+	}
+	return &DB{db}, nil
+}
+
+// Redact is rawURL without its password, for messages; a string that is
+// no PostgreSQL URL (a SQLite path) is returned as it is.
+func Redact(rawURL string) string {
+	if !IsURL(rawURL) {
+		return rawURL
+	}
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return "postgres://…"
+	}
+	return u.Redacted()
+}
+
+// Write runs fn in one READ COMMITTED transaction and commits it if fn
+// succeeds; otherwise it rolls back and nothing is written. A try that
+// PostgreSQL aborted for a lost race (a deadlock, a serialization failure)
+// runs again after a jittered pause, under p. It returns fn's or the
+// database's error unclassified (see Classify).
+func (db *DB) Write(ctx context.Context, p retry.Policy, fn func(*sql.Tx) error) error {
+	return retry.Do(ctx, p, Conflict, func() error { return inTx(ctx, db.DB, nil, fn) })
+}
+
+// Read runs fn, which only reads, in one REPEATABLE READ, read-only
+// transaction: every statement of fn sees the same snapshot.
+func (db *DB) Read(ctx context.Context, p retry.Policy, fn func(*sql.Tx) error) error {
+	opts := &sql.TxOptions{Isolation: sql.LevelRepeatableRead, ReadOnly: true}
+	return retry.Do(ctx, p, Conflict, func() error { return inTx(ctx, db.DB, opts, fn) })
+}
+
+// Conflict reports whether PostgreSQL aborted err's transaction because
+// of a concurrent one (SQLSTATE class 40: serialization failure,
+// deadlock): nothing was written and it is worth trying again.
+func Conflict(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && strings.HasPrefix(pe.Code, "40")
+}
+
+// Classify is optimistic.Classify for a PostgreSQL error, as
+// sqlitex.Classify is for SQLite: a lost race that outlived the retries is
+// optimistic.ErrContended, anything else (a refused connection, a
+// constraint, a dead server) optimistic.ErrStore. nil stays nil.
+func Classify(ctx context.Context, op string, err error) error {
+	if Conflict(err) {
+		err = fmt.Errorf("%w: %w", optimistic.ErrConflict, err)
+	}
+	return optimistic.Classify(ctx, op, err)
+}
+
+func inTx(ctx context.Context, db *sql.DB, opts *sql.TxOptions, fn func(*sql.Tx) error) error {
+	tx, err := db.BeginTx(ctx, opts)
+	if err != nil {
+		return err
+	}
+	if err := fn(tx); err != nil {
+		// Rollback's error adds nothing: nothing was committed either way.
+		_ = tx.Rollback()
+		return err
+	}
+	return tx.Commit()
+}
