@@ -25,10 +25,11 @@ import (
 // rows stamped since (everything if the catalog went back to an older
 // state, or the Cache is further behind than the catalog remembers):
 //
-//   - Key, Get and ResolveModel read the generation on every call (a few
-//     microseconds): a request, which resolves its model first, sees every
-//     change committed before it started, and the post-grant re-check
-//     every change committed before the grant.
+//   - Key, Get and ResolveModel read the generation on every call (one
+//     prepared row; concurrent calls share a read that started after they
+//     asked, see genCheck): a request, which resolves its model first,
+//     sees every change committed before it started, and the post-grant
+//     re-check every change committed before the grant.
 //   - List trusts a snapshot confirmed within MaxAge, unless this process
 //     wrote to the catalog since: called after ResolveModel, it lists the
 //     catalog as of the request's start without a read of its own.
@@ -57,6 +58,7 @@ type Cache struct {
 	maxAge time.Duration
 	log    *slog.Logger
 	gen    *sql.Stmt
+	checks genCheck  // reads gen, coalescing concurrent requests
 	epoch  time.Time // the base of now
 
 	snap   atomic.Pointer[snapshot]
@@ -139,6 +141,7 @@ func NewCache(ctx context.Context, s *SQL, opts *CacheOptions) (*Cache, error) {
 		uses:   make(map[string]use), recent: make(map[string]time.Time),
 		done: make(chan struct{}),
 	}
+	c.checks.read = c.readGeneration
 	ch, err := s.changesSince(ctx, 0, "")
 	if err != nil {
 		_ = gen.Close()
@@ -392,18 +395,21 @@ func (c *Cache) current(ctx context.Context, verify bool) (*snapshot, error) {
 		return s, nil
 	}
 	start := c.now()
-	var (
-		gen   int64
-		stamp string
-	)
-	if err := c.gen.QueryRowContext(ctx).Scan(&gen, &stamp); err != nil {
+	g, err := c.checks.get(ctx)
+	if err != nil {
 		return nil, fail(ctx, "read generation", err)
 	}
-	if gen == s.gen && stamp == s.stamp {
+	if g.gen == s.gen && g.stamp == s.stamp {
 		s.confirm(start, writes)
 		return s, nil
 	}
-	return c.refresh(ctx, gen, stamp)
+	return c.refresh(ctx, g.gen, g.stamp)
+}
+
+func (c *Cache) readGeneration(ctx context.Context) (generation, error) {
+	var g generation
+	err := c.gen.QueryRowContext(ctx).Scan(&g.gen, &g.stamp)
+	return g, err
 }
 
 // refresh brings the snapshot to generation gen, stamped stamp, or a
