@@ -27,6 +27,7 @@ type Metrics struct {
 	renewals    *prometheus.CounterVec
 	reports     *prometheus.CounterVec
 	expired     prometheus.Counter
+	unreachable prometheus.Counter
 }
 
 // NewMetrics registers the metrics, plus the Go and process collectors.
@@ -68,9 +69,13 @@ func NewMetrics() *Metrics {
 			Name: "credpool_leases_expired_total",
 			Help: "Leases that expired without release, counted when an allocation prunes them.",
 		}),
+		unreachable: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "credpool_allocate_unreachable_total",
+			Help: "Candidate keys an allocation skipped because their store server did not answer (a Redis Cluster master that is down).",
+		}),
 	}
 	reg.MustRegister(
-		m.allocations, m.conflicts, m.attempts, m.latency, m.releases, m.renewals, m.reports, m.expired,
+		m.allocations, m.conflicts, m.attempts, m.latency, m.releases, m.renewals, m.reports, m.expired, m.unreachable,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
 	return m
@@ -161,6 +166,35 @@ func (c *lossCollector) raise(n int64) int64 {
 	}
 }
 
+// watchNodes exports whether each of the lease store's servers answered
+// its last check.
+func (m *Metrics) watchNodes(nodes func() []optimistic.NodeHealth) {
+	m.reg.MustRegister(&nodeCollector{
+		nodes: nodes,
+		up: prometheus.NewDesc("credpool_store_node_up",
+			"1 if the lease store's server (each master of a Redis Cluster) answered its last check, else 0.", []string{"node"}, nil),
+	})
+}
+
+// nodeCollector reads the last check at each scrape. It is safe for
+// concurrent use.
+type nodeCollector struct {
+	nodes func() []optimistic.NodeHealth
+	up    *prometheus.Desc
+}
+
+func (c *nodeCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.up }
+
+func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, n := range c.nodes() {
+		up := 1.0
+		if n.Err != nil {
+			up = 0
+		}
+		ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, up, n.Addr)
+	}
+}
+
 // Handler serves the metrics in the Prometheus text format.
 func (m *Metrics) Handler() http.Handler {
 	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg})
@@ -170,6 +204,7 @@ func (m *Metrics) observeAllocate(err error, st optimistic.Stats, d time.Duratio
 	m.allocations.WithLabelValues(resultLabel(err, "granted")).Inc()
 	m.conflicts.Add(float64(st.Conflicts))
 	m.expired.Add(float64(st.Pruned))
+	m.unreachable.Add(float64(st.Unreachable))
 	m.attempts.Observe(float64(st.Attempts))
 	m.latency.Observe(d.Seconds())
 }

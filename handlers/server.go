@@ -58,7 +58,13 @@ type Config struct {
 	InternalKey string
 	AdminKey    string
 	// Store names the active lease store in /readyz ("redis", "sqlite").
-	Store   string
+	Store string
+	// Nodes, if set, reports the lease store's servers as last checked
+	// (each master of a Redis Cluster): /readyz says "degraded" while
+	// some are down and others answer, and the metrics export each.
+	//
+	// default: nil (a store without servers to report: SQLite)
+	Nodes   func() []optimistic.NodeHealth
 	Metrics *Metrics
 	// RequestTimeout bounds each request's work, store retries included; a
 	// request that runs out gets 503 "timeout".
@@ -100,6 +106,9 @@ func New(cfg Config) (http.Handler, error) {
 		cfg.Metrics.watchBacklog(b.Backlog)
 	}
 	cfg.Metrics.watchLosses(cfg.Admin.Losses)
+	if cfg.Nodes != nil {
+		cfg.Metrics.watchNodes(cfg.Nodes)
+	}
 	gin.SetMode(gin.ReleaseMode)
 	r := gin.New()
 	r.HandleMethodNotAllowed = true
@@ -124,9 +133,16 @@ func New(cfg Config) (http.Handler, error) {
 			body["status"] = "degraded"
 			body["store_lost_keys"] = gin.H{"held": l.Held, "until": l.Until.UTC()}
 		}
+		if up, down := countNodes(cfg.Nodes); down > 0 {
+			// Serving the keys on the servers that answer; the metrics
+			// name the others (this endpoint takes no key).
+			body["status"] = "degraded"
+			body["store_nodes"] = gin.H{"up": up, "down": down}
+		}
 		c.JSON(http.StatusOK, body)
 	})
 	r.GET("/metrics", gin.WrapH(cfg.Metrics.Handler()))
+	r.GET("/openapi.yaml", serveOpenAPI)
 
 	in := internalAPI{svc: cfg.Service, m: cfg.Metrics, maxLease: int(cfg.MaxLease / time.Second)}
 	internal := r.Group("/api/internal", requireKey("X-Internal-Key", cfg.InternalKey))
@@ -145,4 +161,20 @@ func New(cfg Config) (http.Handler, error) {
 	admin.POST("/sync", ad.sync)
 	admin.PUT("/aliases/:provider/:alias", ad.setAlias)
 	return r, nil
+}
+
+// countNodes counts the servers nodes reports answering and not; none
+// without nodes.
+func countNodes(nodes func() []optimistic.NodeHealth) (up, down int) {
+	if nodes == nil {
+		return 0, 0
+	}
+	for _, n := range nodes() {
+		if n.Err != nil {
+			down++
+		} else {
+			up++
+		}
+	}
+	return up, down
 }

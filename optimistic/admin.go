@@ -2,7 +2,9 @@ package optimistic
 
 import (
 	"context"
+	"errors"
 	"strconv"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -127,7 +129,10 @@ func (s *Store) dropLeases(ctx context.Context, keyID string, withKey bool) (int
 }
 
 // Inspect reads the live state of each key in one pipelined round trip.
-// Missing keys come back with Exists false.
+// Missing keys come back with Exists false. On Redis Cluster a key whose
+// master does not answer comes back Unreachable, and the call fails
+// (ErrStore) only if no key's did; FreeAt is then judged by this host's
+// clock if the node asked for the time was the one down.
 func (s *Store) Inspect(ctx context.Context, keyIDs ...string) ([]KeyInfo, error) {
 	if err := CheckKeyIDs(keyIDs...); err != nil {
 		return nil, err
@@ -145,12 +150,26 @@ func (s *Store) Inspect(ctx context.Context, keyIDs ...string) ([]KeyInfo, error
 		}
 		return nil
 	})
-	if err != nil {
-		return nil, Classify(ctx, "inspect", err)
-	}
+	// Each command has its own outcome: on a cluster, those sent to a
+	// master that is down fail alone.
 	now := clock.Val().UnixMilli()
+	if cerr := clock.Err(); cerr != nil {
+		if !unreachable(ctx, cerr) {
+			return nil, Classify(ctx, "inspect", cerr)
+		}
+		now = time.Now().UnixMilli()
+	}
 	out := make([]KeyInfo, len(keyIDs))
+	answered := 0
 	for i, id := range keyIDs {
+		if kerr := errors.Join(hashes[i].Err(), leases[i].Err()); kerr != nil {
+			if !unreachable(ctx, kerr) {
+				return nil, Classify(ctx, "inspect", kerr)
+			}
+			out[i] = KeyInfo{ID: id, Unreachable: true}
+			continue
+		}
+		answered++
 		k, ls := parseKey(hashes[i].Val()), splitLeases(leases[i].Val(), now)
 		cd, _ := parseMillis(k.cooldown)
 		free, _ := freeAt(k, ls, now)
@@ -159,6 +178,9 @@ func (s *Store) Inspect(ctx context.Context, keyIDs ...string) ([]KeyInfo, error
 			CooldownUntil: fromMillis(cd), Limit: k.limit, Live: ls.live,
 			FreeAt: fromMillis(free), Fence: k.fence, LastUsedAt: fromMillis(k.lastUsed),
 		}
+	}
+	if answered == 0 && len(keyIDs) > 0 {
+		return nil, Classify(ctx, "inspect", err)
 	}
 	return out, nil
 }

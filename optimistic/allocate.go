@@ -32,6 +32,13 @@ import (
 // call of this process is working on, or that keeps aborting, is tried
 // after the rest.
 //
+// A candidate whose server does not answer (a master that is down on Redis
+// Cluster), or whose grant too few replicas acknowledged (Options.MinReplicas;
+// the grant is given back), is skipped and counted in Stats.Unreachable; if no other
+// candidate grants, the call fails with ErrStore rather than
+// ErrNoCapacity. A candidate whose EXEC was sent is never skipped: its
+// outcome is settled first (below).
+//
 // On error no lease is held, except when an EXEC's outcome is unknown
 // (its reply was lost, or ctx ended during it) and no recheck could settle
 // it before the call ended: such a lease expires by itself after TTL.
@@ -59,6 +66,7 @@ type allocation struct {
 
 	todo    []string      // candidates for the next pass, in order
 	full    CapacityError // what the skipped candidates said, merged
+	down    error         // why the first unreachable candidate was skipped
 	pending string        // candidate on which an EXEC with leaseID may have committed
 	lease   Lease
 }
@@ -106,12 +114,24 @@ func (a *allocation) pass(ctx context.Context) error {
 			return err
 		case errors.Is(err, ErrConflict):
 			aside = append(aside, keyID)
+		case unreachable(ctx, err), errors.Is(err, errUnreplicated):
+			// Its server is down, or too few replicas acknowledged the
+			// grant (given back); another candidate's server may do. Not
+			// tried again by this call.
+			a.stats.Unreachable++
+			if a.down == nil {
+				a.down = fmt.Errorf("candidate %s: %w", keyID, err)
+			}
 		case err != nil:
 			return err
 		}
 	}
 	if a.todo = aside; len(aside) > 0 {
 		return fmt.Errorf("%w: every candidate left was contended", ErrConflict)
+	}
+	if a.down != nil {
+		// The skipped ones may have room: the store failed, no pool is full.
+		return fmt.Errorf("%d of the candidates did not answer or replicate, the others had no free slot: %w", a.stats.Unreachable, a.down)
 	}
 	full := a.full
 	return &full

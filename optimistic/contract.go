@@ -105,6 +105,13 @@ type Stats struct {
 	// Pruned counts expired leases this call removed: leases whose holders
 	// never released them.
 	Pruned int
+	// Unreachable counts candidates skipped because the server holding
+	// them did not answer (on Redis Cluster, a master that is down while
+	// the others answer) or, with MinReplicas, too few of its replicas
+	// acknowledged the grant. If none of the others granted, the call
+	// fails with ErrStore, never ErrNoCapacity: the skipped ones may have
+	// room.
+	Unreachable int
 }
 
 // KeyState is a credential's allocation state: what SyncKey writes and
@@ -160,6 +167,11 @@ type KeyInfo struct {
 	// LastUsedAt is the key's last grant by the store's clock (ms), or the
 	// KeyState.LastUsedAt it was seeded with; zero if neither.
 	LastUsedAt time.Time
+	// Unreachable says the server holding the key did not answer (on Redis
+	// Cluster, its master is down while others answer): nothing else is
+	// known of it, and Exists is false without meaning that the store
+	// lacks it.
+	Unreachable bool
 }
 
 // Validate returns an ErrInvalid naming the first bad field: a malformed

@@ -28,8 +28,8 @@ func (s *Store) Release(ctx context.Context, ref LeaseRef) error {
 		return Classify(ctx, "release", err)
 	}
 	err = s.release(ctx, rdb, ref)
-	if isRedirect(err) {
-		// The slot moved: let the cluster client follow it.
+	if rerouted(err) {
+		// The slot moved or is moving: let the cluster client follow it.
 		err = s.release(ctx, s.rdb, ref)
 	}
 	return Classify(ctx, "release", err)
@@ -48,7 +48,7 @@ func (s *Store) Holds(ctx context.Context, ref LeaseRef) (time.Time, error) {
 		return time.Time{}, Classify(ctx, "holds", err)
 	}
 	_, until, err := s.holder(ctx, rdb, ref)
-	if isRedirect(err) {
+	if rerouted(err) {
 		_, until, err = s.holder(ctx, s.rdb, ref)
 	}
 	if err != nil {
@@ -88,14 +88,14 @@ func (s *Store) release(ctx context.Context, rdb redis.UniversalClient, ref Leas
 	}
 	// No WATCH needed: the lease id is unique, so these writes can only hit
 	// this lease. If it expired and was pruned meanwhile, ZREM says so.
-	var removed *redis.IntCmd
+	var del, removed *redis.IntCmd
 	_, err := rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		p.Del(ctx, recordKey)
+		del = p.Del(ctx, recordKey)
 		removed = p.ZRem(ctx, leasesKey, ref.LeaseID)
 		return nil
 	})
 	if err != nil {
-		return err
+		return aborted(err, []redis.Cmder{del, removed})
 	}
 	if removed.Val() == 0 {
 		return NotHeld(ref.LeaseID, LostExpired)
@@ -128,7 +128,7 @@ func (s *Store) Renew(ctx context.Context, ref LeaseRef, ttl time.Duration) (tim
 		return time.Time{}, Classify(ctx, "renew", err)
 	}
 	until, err := s.renew(ctx, rdb, ref, ttl)
-	if isRedirect(err) {
+	if rerouted(err) {
 		until, err = s.renew(ctx, s.rdb, ref, ttl)
 	}
 	if err != nil {

@@ -24,24 +24,26 @@ var errUnreplicated = errors.New("optimistic: too few replicas acknowledged the 
 // the store asks replicas to acknowledge its writes (Options.MinReplicas),
 // by WAIT in the same round trip. It returns EXEC's replies, one per body
 // command, and whether EXEC ran (which drops any WATCH of c). An aborted
-// EXEC (a watched key changed) is redis.TxFailedErr; too few
-// acknowledgements is errUnreplicated, with the replies: the writes did
-// happen on the master.
+// EXEC (a watched key changed) is redis.TxFailedErr; one that Redis Cluster
+// refused for the slot's sake, itself or a queued command, carries that
+// refusal (see rerouted); too few acknowledgements is errUnreplicated,
+// with the replies: the writes did happen on the master.
 //
 // The commands go out as plain ones (MULTI and EXEC included) so that WAIT
 // can follow EXEC in the same round trip, which go-redis's TxPipelined
 // cannot do; each queued command answers QUEUED, and EXEC the results.
 func (s *Store) multi(ctx context.Context, c pipeliner, body []cmd) (replies []any, ran bool, err error) {
 	var (
-		exec *redis.Cmd
-		wait *redis.Cmd
+		queued = make([]redis.Cmder, len(body))
+		exec   *redis.Cmd
+		wait   *redis.Cmd
 	)
 	// The pipeline's own error is the first command's: EXEC's and WAIT's
 	// are read below.
 	_, _ = c.Pipelined(ctx, func(p redis.Pipeliner) error {
 		p.Do(ctx, "multi")
-		for _, c := range body {
-			p.Do(ctx, c...)
+		for i, c := range body {
+			queued[i] = p.Do(ctx, c...)
 		}
 		exec = p.Do(ctx, "exec")
 		if s.opts.MinReplicas > 0 {
@@ -53,6 +55,10 @@ func (s *Store) multi(ctx context.Context, c pipeliner, body []cmd) (replies []a
 	case errors.Is(err, redis.Nil):
 		return nil, true, redis.TxFailedErr
 	case redis.IsExecAbortError(err):
+		return nil, true, aborted(err, queued)
+	case rerouted(err):
+		// EXEC itself refused for the slot: the transaction and its WATCH
+		// were discarded.
 		return nil, true, err
 	case err != nil:
 		// Sent or not, ran or not: the caller cannot know.
@@ -76,20 +82,61 @@ func (s *Store) multi(ctx context.Context, c pipeliner, body []cmd) (replies []a
 // the transaction closes. WAIT, when the store asks for it, follows on the
 // same connection in a round trip of its own. It says whether EXEC ran, by
 // go-redis's own rule, and fails as multi does.
+//
+// go-redis sends a transaction again after some refusals of EXEC itself
+// (TRYAGAIN, CLUSTERDOWN) when the client has MaxRetries; the refusal
+// dropped the WATCH, so that second MULTI…EXEC would commit unwatched,
+// on what was read before. Its commands are marked never to be resent.
 func (s *Store) txPipelined(ctx context.Context, tx *redis.Tx, body []cmd) (ran bool, err error) {
+	queued := make([]redis.Cmder, len(body))
 	_, err = tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		for _, c := range body {
-			p.Do(ctx, c...)
+		for i, c := range body {
+			queued[i] = onceCmd{redis.NewCmd(ctx, c...)}
+			_ = p.Process(ctx, queued[i])
 		}
 		return nil
 	})
 	if err != nil {
-		return errors.Is(err, redis.TxFailedErr) || redis.IsExecAbortError(err), err
+		ran = errors.Is(err, redis.TxFailedErr) || redis.IsExecAbortError(err)
+		return ran, aborted(err, queued)
 	}
 	if s.opts.MinReplicas > 0 {
 		return true, s.acked(tx.Do(ctx, s.waitArgs()...))
 	}
 	return true, nil
+}
+
+// onceCmd is a command that go-redis must never send again by itself.
+type onceCmd struct{ *redis.Cmd }
+
+// NoRetry tells go-redis not to resend the pipeline holding the command.
+func (onceCmd) NoRetry() bool { return true }
+
+// rerouted says whether err is Redis Cluster refusing a command because of
+// where its slot is: owned elsewhere (MOVED), moving (ASK, TRYAGAIN), or
+// served by nobody right now (CLUSTERDOWN). The command did not run; it
+// may once the client follows the slot, or the cluster settles.
+func rerouted(err error) bool {
+	if isRedirect(err) {
+		return true
+	}
+	return redis.IsTryAgainError(err) || redis.IsClusterDownError(err)
+}
+
+// aborted adds to an EXECABORT the refusal of the first queued command
+// that Redis Cluster rerouted, if any, so that the caller sees why the
+// transaction was discarded: EXECABORT alone also follows a malformed
+// command, which no retry mends.
+func aborted(err error, queued []redis.Cmder) error {
+	if !redis.IsExecAbortError(err) {
+		return err
+	}
+	for _, c := range queued {
+		if cause := c.Err(); rerouted(cause) {
+			return fmt.Errorf("%w (queued: %w)", err, cause)
+		}
+	}
+	return err
 }
 
 // waitArgs is the WAIT command for Options.MinReplicas.

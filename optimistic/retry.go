@@ -15,9 +15,17 @@ import (
 // runs out on it, the call failed on the store, not on contention.
 var errRecheck = errors.New("optimistic: commit outcome unknown")
 
-// conflict marks an aborted EXEC (a watched key changed) as ErrConflict.
+// conflict marks as ErrConflict an attempt that wrote nothing and may
+// succeed if made again: an aborted EXEC (a watched key changed), or Redis
+// Cluster moving the key's slot under the transaction (see rerouted), be
+// it the reads, EXEC, or a command queued in MULTI and so an EXECABORT.
+// The attempt is then read and decided afresh, never resent as it was.
 func conflict(err error) error {
-	if errors.Is(err, redis.TxFailedErr) {
+	switch {
+	case errors.Is(err, ErrConflict), errors.Is(err, errUnreplicated):
+		// errUnreplicated: EXEC did commit; try gives the grant back.
+		return err
+	case errors.Is(err, redis.TxFailedErr), rerouted(err):
 		return fmt.Errorf("%w: %w", ErrConflict, err)
 	}
 	return err

@@ -1,8 +1,12 @@
 package optimistic
 
 import (
+	"cmp"
 	"context"
 	"errors"
+	"slices"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -127,17 +131,66 @@ func New(rdb redis.UniversalClient, opts *Options) (*Store, error) {
 	}, nil
 }
 
-// Ping checks that Redis answers: on a cluster, every master, since any of
-// them may own the next key asked for; on other clients (a Ring, say) what
-// their own Ping reaches.
+// Ping checks that Redis answers: on a cluster, at least one master (the
+// keys on the others still grant; Nodes says which are down); on other
+// clients (a Ring, say) what their own Ping reaches.
 func (s *Store) Ping(ctx context.Context) error {
-	var err error
-	if c, ok := s.rdb.(*redis.ClusterClient); ok {
-		err = c.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
-			return node.Ping(ctx).Err()
-		})
-	} else {
-		err = s.rdb.Ping(ctx).Err()
+	c, ok := s.rdb.(*redis.ClusterClient)
+	if !ok {
+		return Classify(ctx, "ping", s.rdb.Ping(ctx).Err())
 	}
-	return Classify(ctx, "ping", err)
+	var first error
+	for _, n := range s.nodes(ctx, c) {
+		if n.Err == nil {
+			return nil
+		}
+		first = cmp.Or(first, n.Err)
+	}
+	if first == nil {
+		first = errors.New("the cluster names no master")
+	}
+	return Classify(ctx, "ping", first)
+}
+
+// NodeHealth is one Redis server of a Store and whether it answered.
+type NodeHealth struct {
+	// Addr is the server's host:port as the client dials it.
+	Addr string
+	// Err is why it did not answer a PING; nil if it did.
+	Err error
+}
+
+// Nodes pings each master of a cluster, in address order, at once; a store
+// on another client has one node, what its Ping reaches (Addr empty for a
+// Ring or a Sentinel-managed client, whose master moves).
+func (s *Store) Nodes(ctx context.Context) []NodeHealth {
+	c, ok := s.rdb.(*redis.ClusterClient)
+	if !ok {
+		addr := ""
+		if o, ok := s.rdb.(*redis.Client); ok {
+			addr = o.Options().Addr
+		}
+		return []NodeHealth{{Addr: addr, Err: s.rdb.Ping(ctx).Err()}}
+	}
+	return s.nodes(ctx, c)
+}
+
+func (s *Store) nodes(ctx context.Context, c *redis.ClusterClient) []NodeHealth {
+	var (
+		mu  sync.Mutex
+		out []NodeHealth
+	)
+	err := c.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
+		err := node.Ping(ctx).Err()
+		mu.Lock()
+		out = append(out, NodeHealth{Addr: node.Options().Addr, Err: err})
+		mu.Unlock()
+		return nil
+	})
+	if err != nil {
+		// The slot map could not be read at all.
+		return []NodeHealth{{Err: err}}
+	}
+	slices.SortFunc(out, func(a, b NodeHealth) int { return strings.Compare(a.Addr, b.Addr) })
+	return out
 }

@@ -66,26 +66,34 @@ func (t *txn) commit(ctx context.Context, body []cmd) error {
 // go-redis's Watch(ctx, fn, keys...) sends WATCH in a round trip of its own.
 // For standalone, Sentinel and Cluster clients we send WATCH in the same
 // pipeline as TIME and the reads instead: two round trips per uncontended
-// attempt. Other clients (Ring, wrappers), and a cluster slot that just
-// moved, fall back to go-redis's Watch, which follows redirects of the
-// WATCH itself and runs fn at most once. fn still only reads, decides and
-// commits, assigning its own results: retries are the caller's loop.
+// attempt. Other clients (Ring, wrappers), and a cluster slot that moved
+// before the reads (MOVED), fall back to go-redis's Watch, which follows
+// redirects of the WATCH itself and runs fn at most once. fn still only
+// reads, decides and commits, assigning its own results: retries are the
+// caller's loop.
+//
+// A slot that is moving (ASK, TRYAGAIN), or a cluster that cannot serve
+// it (CLUSTERDOWN), fails the attempt as a conflict (see conflict): a
+// credential's keys may be split between two nodes until the move ends,
+// and no transaction can span them.
 func (s *Store) watch(ctx context.Context, keys []string, fn func(*txn) error) error {
 	switch c := s.rdb.(type) {
 	case *redis.Client:
-		return s.armedWatch(ctx, c, keys, fn)
+		return conflict(s.armedWatch(ctx, c, keys, fn))
 	case *redis.ClusterClient:
 		node, err := c.MasterForKey(ctx, keys[0])
 		if err != nil {
 			return err
 		}
 		err = s.armedWatch(ctx, node, keys, fn)
-		if !isRedirect(err) {
-			return err
+		if _, moved := redis.IsMovedError(err); !moved || errors.Is(err, ErrConflict) {
+			// A commit refused by a moved slot is a conflict like any
+			// other (counted, retried); only a refused read falls back.
+			return conflict(err)
 		}
 		c.ReloadState(ctx)
 	}
-	return s.rdb.Watch(ctx, func(tx *redis.Tx) error { return s.run(ctx, tx, nil, fn) }, keys...)
+	return conflict(s.rdb.Watch(ctx, func(tx *redis.Tx) error { return s.run(ctx, tx, nil, fn) }, keys...))
 }
 
 // armedWatch runs fn on a fresh transaction that WATCHes keys in its first

@@ -13,8 +13,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/credpool/credpool/internal/catalog"
+	"github.com/credpool/credpool/internal/postgres"
 	"github.com/credpool/credpool/internal/sqlitex"
 	"github.com/credpool/credpool/optimistic"
+	"github.com/credpool/credpool/test/pgtest"
 )
 
 // The catalog is cached in memory on the request path (catalog.Cache), and
@@ -25,24 +27,31 @@ import (
 // disable sent to one and the requests spread over both. With direct, the
 // disable is written to the catalog file by another process and never
 // reaches the lease store: only the re-check after the grant, on the
-// cache, stands between the key and the callers.
+// cache, stands between the key and the callers. With postgres the
+// catalog is in PostgreSQL, as instances on several hosts share it.
 func TestHTTPDisableUnderLoad(t *testing.T) {
 	for _, tt := range []struct {
-		name   string
-		sqlite bool
-		two    bool
-		direct bool
+		name             string
+		sqlite, postgres bool
+		two              bool
+		direct           bool
 	}{
-		{"redis", false, false, false}, {"sqlite", true, false, false},
-		{"redis, two services", false, true, false}, {"sqlite, two services", true, true, false},
-		{"redis, catalog written elsewhere", false, false, true},
-		{"sqlite, catalog written elsewhere", true, false, true},
+		{"redis", false, false, false, false}, {"sqlite", true, false, false, false},
+		{"redis, two services", false, false, true, false}, {"sqlite, two services", true, false, true, false},
+		{"redis, catalog written elsewhere", false, false, false, true},
+		{"sqlite, catalog written elsewhere", true, false, false, true},
+		{"postgres, two services", false, true, true, false},
+		{"postgres, catalog written elsewhere", false, true, false, true},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			a := startService(t, serviceOptions{sqlite: tt.sqlite})
+			var pg string
+			if tt.postgres {
+				pg = pgtest.URL(t)
+			}
+			a := startService(t, serviceOptions{sqlite: tt.sqlite, postgres: pg})
 			services := []*service{a}
 			if tt.two {
-				services = append(services, startService(t, serviceOptions{sqlite: tt.sqlite, dir: a.dir, redis: a.redis}))
+				services = append(services, startService(t, serviceOptions{sqlite: tt.sqlite, postgres: pg, dir: a.dir, redis: a.redis}))
 			}
 			for i := range 4 {
 				a.putKey(t, fmt.Sprintf("k%d", i), "default", 5, nil)
@@ -90,7 +99,7 @@ func TestHTTPDisableUnderLoad(t *testing.T) {
 			}
 			time.Sleep(300 * time.Millisecond)
 			if tt.direct {
-				disableElsewhere(t, a.dir, "k0")
+				disableElsewhere(t, a, "k0")
 			} else {
 				a.putKey(t, "k0", "default", 5, map[string]any{"status": "disabled"})
 			}
@@ -122,7 +131,8 @@ func TestHTTPDisableUnderLoad(t *testing.T) {
 }
 
 // post sends body as JSON with key as X-Internal-Key through c and
-// decodes the answer; it reports errors instead of failing a test.
+// decodes the answer; it reports errors (an exchange that does not match
+// the OpenAPI document among them, see checked) instead of failing a test.
 func post(c *http.Client, url, key string, body any) (int, map[string]any, error) {
 	raw, err := json.Marshal(body)
 	if err != nil {
@@ -133,7 +143,7 @@ func post(c *http.Client, url, key string, body any) (int, map[string]any, error
 		return 0, nil, err
 	}
 	req.Header.Set("X-Internal-Key", key)
-	resp, err := c.Do(req)
+	resp, err := checked(c).Do(req)
 	if err != nil {
 		return 0, nil, err
 	}
@@ -145,18 +155,27 @@ func post(c *http.Client, url, key string, body any) (int, map[string]any, error
 	return resp.StatusCode, out, nil
 }
 
-// disableElsewhere disables a key in the catalog file in dir, through a
-// connection of its own, as another process would: the lease store is not
-// told.
-func disableElsewhere(t *testing.T, dir, id string) {
+// disableElsewhere disables a key in s's catalog, through a connection of
+// its own, as another process would: the lease store is not told.
+func disableElsewhere(t *testing.T, s *service, id string) {
 	t.Helper()
-	db, err := sqlitex.Open(filepath.Join(dir, "credpool.db"))
-	require.NoError(t, err)
-	defer db.Close()
 	sealer, err := catalog.NewSealer(bytes.Repeat([]byte{7}, 32))
 	require.NoError(t, err)
-	c, err := catalog.New(t.Context(), db, &catalog.Options{Sealer: sealer})
-	require.NoError(t, err)
+	opts := &catalog.Options{Sealer: sealer}
+	var c *catalog.SQL
+	if s.pg != "" {
+		db, err := postgres.Open(t.Context(), s.pg)
+		require.NoError(t, err)
+		defer db.Close()
+		c, err = catalog.NewPostgres(t.Context(), db, opts)
+		require.NoError(t, err)
+	} else {
+		db, err := sqlitex.Open(filepath.Join(s.dir, "credpool.db"))
+		require.NoError(t, err)
+		defer db.Close()
+		c, err = catalog.New(t.Context(), db, opts)
+		require.NoError(t, err)
+	}
 	k, err := c.Get(t.Context(), id)
 	require.NoError(t, err)
 	k.Status = optimistic.StatusDisabled

@@ -21,6 +21,7 @@ import (
 
 	"github.com/credpool/credpool/internal/broker"
 	"github.com/credpool/credpool/internal/catalog"
+	"github.com/credpool/credpool/internal/postgres"
 	"github.com/credpool/credpool/internal/server"
 	"github.com/credpool/credpool/internal/sqlitex"
 	"github.com/credpool/credpool/optimistic"
@@ -37,7 +38,8 @@ const (
 type service struct {
 	url   string
 	dir   string            // holds the catalog's file
-	db    *sqlitex.DB       // the catalog's file (and the SQLite store's)
+	db    *sqlitex.DB       // the catalog's file (and the SQLite store's); nil with pg
+	pg    string            // the PostgreSQL catalog's URL, if it is there
 	redis *redistest.Server // nil for the SQLite store
 	proxy *redistest.Proxy  // between the service and Redis, if proxied
 	cat   *catalog.SQL
@@ -76,6 +78,9 @@ func (c catalogHook) Get(ctx context.Context, id string) (catalog.Key, error) {
 
 type serviceOptions struct {
 	sqlite bool
+	// postgres, if set, is the URL of the PostgreSQL database that holds
+	// the catalog (pgtest.URL), instead of a SQLite file.
+	postgres string
 	// dir holds the catalog's file (and the SQLite store's); default: a
 	// fresh temp dir.
 	dir string
@@ -85,6 +90,10 @@ type serviceOptions struct {
 	maxLease time.Duration
 	// redis, if set, is the server to use instead of a fresh one.
 	redis *redistest.Server
+	// redisURL, if set, is the store's URL instead of a fresh server's;
+	// redisCluster reads it as a cluster URL.
+	redisURL     string
+	redisCluster bool
 	// minReplicas is the store's Options.MinReplicas.
 	minReplicas int
 	beforeGet   func(id string)
@@ -107,21 +116,31 @@ func startService(t *testing.T, o serviceOptions) *service {
 	if o.dir == "" {
 		o.dir = t.TempDir()
 	}
-	db, err := sqlitex.Open(filepath.Join(o.dir, "credpool.db"))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = db.Close() })
 	sealer, err := catalog.NewSealer(bytes.Repeat([]byte{7}, 32))
 	require.NoError(t, err)
-	s := &service{dir: o.dir, db: db, logs: &syncBuffer{}}
+	s := &service{dir: o.dir, pg: o.postgres, logs: &syncBuffer{}}
 	cfg := server.Config{
-		DB: db, Sealer: sealer, MinReplicas: o.minReplicas, MaxLease: o.maxLease,
+		Sealer: sealer, MinReplicas: o.minReplicas, MaxLease: o.maxLease,
 		InternalKey: internalKey, AdminKey: adminKey, WrapLeases: o.wrap,
 		Logger: slog.New(slog.NewJSONHandler(s.logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+	}
+	if o.postgres != "" {
+		pg, err := postgres.Open(t.Context(), o.postgres)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = pg.Close() })
+		cfg.Postgres = pg
+	} else {
+		s.db, err = sqlitex.Open(filepath.Join(o.dir, "credpool.db"))
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = s.db.Close() })
+		cfg.DB = s.db
 	}
 	if o.beforeGet != nil {
 		cfg.WrapCatalog = func(c broker.Catalog) broker.Catalog { return catalogHook{Catalog: c, beforeGet: o.beforeGet} }
 	}
-	if !o.sqlite {
+	if o.redisURL != "" {
+		cfg.RedisURL, cfg.RedisCluster = o.redisURL, o.redisCluster
+	} else if !o.sqlite {
 		s.redis = o.redis
 		if s.redis == nil {
 			s.redis = redistest.Start(t)
@@ -144,7 +163,8 @@ func startService(t *testing.T, o serviceOptions) *service {
 }
 
 // call sends a JSON body (a string is sent as is) with the given header key
-// and decodes the JSON answer.
+// and decodes the JSON answer; the exchange must match the OpenAPI
+// document (checked).
 func (s *service) call(t *testing.T, method, path, header, key string, body any) (int, http.Header, map[string]any) {
 	t.Helper()
 	var r io.Reader
@@ -162,7 +182,7 @@ func (s *service) call(t *testing.T, method, path, header, key string, body any)
 	if header != "" {
 		req.Header.Set(header, key)
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := checked(http.DefaultClient).Do(req)
 	require.NoError(t, err)
 	defer resp.Body.Close()
 	raw, err := io.ReadAll(resp.Body)

@@ -39,6 +39,11 @@ func TestLayering(t *testing.T) {
 		{module + "/internal/broker", []string{module + "/bench", module + "/handlers", module + "/internal/server", module + "/internal/sqlitestore"}},
 		{module + "/handlers", []string{module + "/bench", module + "/internal/server", module + "/internal/sqlitestore"}},
 		{module + "/internal/requestlog", []string{module + "/internal/broker", module + "/internal/catalog", module + "/internal/sqlitestore", module + "/handlers"}},
+		{module + "/internal/postgres", []string{module + "/internal/catalog", module + "/internal/broker", module + "/internal/sqlitex", "testing"}},
+		{module + "/internal/pgproc", []string{module + "/internal/catalog", "testing"}},
+		// The public client knows nothing of the service's insides (and
+		// client's own test checks it needs the standard library alone).
+		{module + "/client", []string{module + "/internal", module + "/optimistic", module + "/handlers", module + "/cmd", "testing"}},
 	}
 	for _, f := range forbidden {
 		deps := goList(t, "-deps", "-f", "{{.ImportPath}}", f.pkg)

@@ -2,6 +2,8 @@
 //
 //	credpool serve [flags]   run the HTTP service
 //	credpool bench [flags]   compare the lease stores under contention
+//	credpool keys …          list, get, put, delete, clear-leases, import keys
+//	credpool aliases set …   set a model alias
 //
 // Run "credpool serve -h" for the flags; each but --dev and --demo has an
 // environment fallback.
@@ -18,6 +20,8 @@ const usage = `usage: credpool <command> [flags]
 commands:
   serve   run the allocation service (HTTP)
   bench   benchmark the lease stores (WATCH/MULTI, Lua, SQLite) under contention
+  keys    list, get, put, delete, clear-leases or import keys (admin API)
+  aliases set a model alias (admin API)
 
 Run "credpool <command> -h" for its flags.
 `
@@ -33,6 +37,8 @@ func main() {
 		err = serve(os.Args[2:])
 	case "bench":
 		err = runBench(os.Args[2:])
+	case "keys", "aliases":
+		err = runAdmin(os.Args[1], os.Args[2:])
 	case "-h", "-help", "--help", "help":
 		fmt.Print(usage)
 		return

@@ -17,9 +17,12 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/credpool/credpool/handlers"
 	"github.com/credpool/credpool/internal/broker"
 	"github.com/credpool/credpool/internal/catalog"
+	"github.com/credpool/credpool/internal/postgres"
 	"github.com/credpool/credpool/internal/server"
 	"github.com/credpool/credpool/internal/sqlitex"
 	"github.com/credpool/credpool/optimistic"
@@ -41,6 +44,9 @@ type serveConfig struct {
 	maxLease     time.Duration
 	minReplicas  int
 	inspect      int
+
+	// clusterRefresh is server.Config.RedisClusterRefresh.
+	clusterRefresh time.Duration
 }
 
 // serveEnv names each flag's environment fallback, applied before the
@@ -49,6 +55,7 @@ var serveEnv = []struct{ flag, env string }{
 	{"listen", "CREDPOOL_LISTEN"},
 	{"redis", "CREDPOOL_REDIS_URL"},
 	{"redis-cluster", "CREDPOOL_REDIS_CLUSTER"},
+	{"redis-cluster-refresh", "CREDPOOL_REDIS_CLUSTER_REFRESH"},
 	{"db", "CREDPOOL_DB"},
 	{"internal-key", "CREDPOOL_INTERNAL_KEY"},
 	{"admin-key", "CREDPOOL_ADMIN_KEY"},
@@ -65,9 +72,10 @@ func parseServe(args []string) (serveConfig, error) {
 	var c serveConfig
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.StringVar(&c.listen, "listen", "127.0.0.1:8080", "address to listen on (env CREDPOOL_LISTEN)")
-	fs.StringVar(&c.redisURL, "redis", "", "Redis URL, e.g. redis://127.0.0.1:6379/0; empty: leases live in the SQLite file (env CREDPOOL_REDIS_URL)")
+	fs.StringVar(&c.redisURL, "redis", "", "Redis URL, e.g. redis://127.0.0.1:6379/0, or Sentinel: redis+sentinel://host:26379[,host:port...]/master[/db]; empty: leases live in the SQLite file (env CREDPOOL_REDIS_URL)")
 	fs.BoolVar(&c.redisCluster, "redis-cluster", false, "treat --redis as a cluster URL (redis://host:port?addr=host2:port2) (env CREDPOOL_REDIS_CLUSTER=true)")
-	fs.StringVar(&c.db, "db", "credpool.db", "SQLite file of the key catalog (env CREDPOOL_DB)")
+	fs.DurationVar(&c.clusterRefresh, "redis-cluster-refresh", server.DefaultClusterRefresh, "how often a --redis-cluster client reloads the cluster's slot map; it also does as soon as a node stops answering (env CREDPOOL_REDIS_CLUSTER_REFRESH)")
+	fs.StringVar(&c.db, "db", "credpool.db", "key catalog: a SQLite file, or a PostgreSQL URL (postgres://user:password@host:port/database) that instances on several hosts share, which needs --redis (env CREDPOOL_DB)")
 	fs.StringVar(&c.internalKey, "internal-key", "", "secret callers send as X-Internal-Key (env CREDPOOL_INTERNAL_KEY)")
 	fs.StringVar(&c.adminKey, "admin-key", "", "secret admins send as X-Admin-Key (env CREDPOOL_ADMIN_KEY)")
 	fs.StringVar(&c.weights, "weights", "", "ranking weights to override, e.g. capacity=1,idle=0.3,jitter=0.01 (env CREDPOOL_WEIGHTS)")
@@ -95,11 +103,17 @@ func parseServe(args []string) (serveConfig, error) {
 	if c.maxLease < time.Second || c.maxLease > catalog.ReportMemory {
 		return c, fmt.Errorf("serve: --max-lease must be from 1s to %v", catalog.ReportMemory)
 	}
+	if c.clusterRefresh <= 0 {
+		return c, errors.New("serve: --redis-cluster-refresh must be positive")
+	}
 	if c.minReplicas < 0 {
 		return c, errors.New("serve: --redis-min-replicas must be 0 or more")
 	}
 	if c.inspect < 0 {
 		return c, errors.New("serve: --inspect must be 0 (all) or more")
+	}
+	if postgres.IsURL(c.db) && c.redisURL == "" {
+		return c, errors.New("serve: a PostgreSQL --db needs --redis: leases live in Redis when the catalog is shared (the SQLite lease store lives in a SQLite catalog's file)")
 	}
 	if c.minReplicas > 0 && c.redisURL == "" {
 		return c, errors.New("serve: --redis-min-replicas needs --redis: the SQLite store has no replicas")
@@ -119,6 +133,9 @@ func serve(args []string) error {
 		return err
 	}
 	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
+	// go-redis logs every failed dial of its own (many a second while a
+	// node is down); the service logs a node going down once instead.
+	redis.SetLogger(redisLog{log})
 	if err := ensureKeys(&cfg); err != nil {
 		return err
 	}
@@ -134,18 +151,24 @@ func serve(args []string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 
-	db, err := sqlitex.Open(cfg.db)
-	if err != nil {
-		return err
-	}
-	defer db.Close()
 	sealer, err := secretSealer(cfg)
 	if err != nil {
 		return err
 	}
+	sqliteDB, pgDB, err := openCatalogDB(ctx, cfg.db)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if sqliteDB != nil {
+			_ = sqliteDB.Close()
+		} else {
+			_ = pgDB.Close()
+		}
+	}()
 	app, err := server.New(ctx, server.Config{
-		DB: db, Sealer: sealer,
-		RedisURL: cfg.redisURL, RedisCluster: cfg.redisCluster, MinReplicas: cfg.minReplicas,
+		DB: sqliteDB, Postgres: pgDB, Sealer: sealer,
+		RedisURL: cfg.redisURL, RedisCluster: cfg.redisCluster, RedisClusterRefresh: cfg.clusterRefresh, MinReplicas: cfg.minReplicas,
 		InternalKey: cfg.internalKey, AdminKey: cfg.adminKey, Inspect: inspect(cfg.inspect),
 		Weights: &weights, Pools: pools, MaxLease: cfg.maxLease, RequestTimeout: requestTimeout,
 		Logger: log,
@@ -173,7 +196,7 @@ func serve(args []string) error {
 		return err
 	}
 	srv := httpServer(app.Handler, cfg)
-	log.Info("credpool serving", "addr", ln.Addr().String(), "lease_store", app.StoreName, "catalog", cfg.db)
+	log.Info("credpool serving", "addr", ln.Addr().String(), "lease_store", app.StoreName, "catalog", postgres.Redact(cfg.db))
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {
@@ -240,6 +263,25 @@ func ensureKeys(cfg *serveConfig) error {
 	return nil
 }
 
+// redisLog passes go-redis's own log lines to the service's log, at debug
+// level.
+type redisLog struct{ log *slog.Logger }
+
+func (l redisLog) Printf(ctx context.Context, format string, v ...any) {
+	l.log.DebugContext(ctx, "redis client", "msg", fmt.Sprintf(format, v...))
+}
+
+// openCatalogDB opens the catalog's database named by --db: PostgreSQL
+// for a postgres:// URL, else the SQLite file.
+func openCatalogDB(ctx context.Context, db string) (*sqlitex.DB, *postgres.DB, error) {
+	if postgres.IsURL(db) {
+		pg, err := postgres.Open(ctx, db)
+		return nil, pg, err
+	}
+	lite, err := sqlitex.Open(db)
+	return lite, nil, err
+}
+
 // secretSealer reads the keys that seal secrets at rest from the
 // environment: CREDPOOL_SECRET_KEY seals, CREDPOOL_SECRET_KEYS_OLD (comma
 // separated) only opens, while a rotation is under way. In --dev mode a
@@ -247,6 +289,9 @@ func ensureKeys(cfg *serveConfig) error {
 // demo's secrets still open after a restart.
 func secretSealer(cfg serveConfig) (*catalog.Sealer, error) {
 	current, old := os.Getenv("CREDPOOL_SECRET_KEY"), os.Getenv("CREDPOOL_SECRET_KEYS_OLD")
+	if current == "" && cfg.dev && postgres.IsURL(cfg.db) {
+		return nil, errors.New("no secret key: with a PostgreSQL catalog set CREDPOOL_SECRET_KEY, the same on every instance (--dev generates one only beside a SQLite file)")
+	}
 	if current == "" && cfg.dev {
 		var err error
 		if current, err = devSecretKey(cfg.db + ".key"); err != nil {

@@ -21,6 +21,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/credpool/credpool/internal/broker"
+	"github.com/credpool/credpool/test/pgtest"
+	"github.com/credpool/credpool/test/redistest"
 )
 
 // TestMain lets the test binary stand in for credpool: with
@@ -30,7 +32,7 @@ func TestMain(m *testing.M) {
 		main()
 		os.Exit(0)
 	}
-	os.Exit(m.Run())
+	os.Exit(pgtest.Main(m))
 }
 
 func TestParseWeights(t *testing.T) {
@@ -241,6 +243,56 @@ func TestTwoServersShareOneSQLiteFile(t *testing.T) {
 	require.Equal(t, http.StatusOK, code)
 }
 
+// Two "credpool serve" processes on one PostgreSQL catalog and one Redis,
+// as on two hosts: a key put through one is served by both, a limit-1 key
+// has one holder across both, and a key disabled through one is never
+// granted by the other afterwards.
+func TestTwoServersSharePostgres(t *testing.T) {
+	pg := pgtest.URL(t)
+	redis := "redis://" + redistest.Start(t).Addr
+	env := []string{"CREDPOOL_INTERNAL_KEY=" + internalK, "CREDPOOL_ADMIN_KEY=" + adminK, "CREDPOOL_SECRET_KEY=" + secretK}
+	a := startServe(t, env, "--db", pg, "--redis", redis)
+	b := startServe(t, env, "--db", pg, "--redis", redis)
+	require.Equal(t, "redis", b.store)
+	code, out := a.post(t, http.MethodPut, "/api/admin/keys/solo-1", "X-Admin-Key", adminK,
+		`{"provider":"solo","pool":"default","models":["m"],"secret":"s3cret","max_concurrent_uses":1}`)
+	require.Equal(t, http.StatusOK, code, "%v", out)
+
+	const body = `{"provider":"solo","model":"m","lease_seconds":60}`
+	code, g := b.allocate(t, body)
+	require.Equal(t, http.StatusOK, code, "%v", g)
+	require.Equal(t, map[string]any{"api_key": "s3cret"}, g["credential"])
+	code, _ = a.allocate(t, body)
+	require.Equal(t, http.StatusTooManyRequests, code, "one holder across both")
+	rel, _ := json.Marshal(map[string]any{"provider": "solo", "pool": "default", "key_id": g["key_id"], "lease_id": g["lease_id"]})
+	code, _ = a.post(t, http.MethodPost, "/api/internal/release", "X-Internal-Key", internalK, string(rel))
+	require.Equal(t, http.StatusOK, code)
+
+	code, out = a.post(t, http.MethodPut, "/api/admin/keys/solo-1", "X-Admin-Key", adminK,
+		`{"provider":"solo","pool":"default","models":["m"],"secret":"s3cret","max_concurrent_uses":1,"status":"disabled"}`)
+	require.Equal(t, http.StatusOK, code, "%v", out)
+	code, out = b.allocate(t, body)
+	require.Equal(t, http.StatusConflict, code, "disabled through the other instance: %v", out)
+}
+
+// A PostgreSQL catalog needs Redis for the leases, and its URL's password
+// stays out of every message.
+func TestServePostgresURL(t *testing.T) {
+	unsetServeEnv(t)
+	_, err := parseServe([]string{"--db", "postgres://u:hunter2@127.0.0.1/db"})
+	require.ErrorContains(t, err, "needs --redis")
+
+	t.Setenv("CREDPOOL_SECRET_KEY", "")
+	err = serve([]string{"--dev", "--db", "postgres://u:hunter2@127.0.0.1/db", "--redis", "redis://127.0.0.1:1"})
+	require.ErrorContains(t, err, "the same on every instance")
+
+	t.Setenv("CREDPOOL_SECRET_KEY", secretK)
+	err = serve([]string{"--db", "postgres://u:hunter2@127.0.0.1:1/db?connect_timeout=2", "--redis", "redis://127.0.0.1:1",
+		"--internal-key", internalK, "--admin-key", adminK})
+	require.Error(t, err)
+	require.NotContains(t, err.Error(), "hunter2")
+}
+
 // closedWithin reads from conn until the server closes it and says whether
 // that happened before limit. Whatever the server answers first is read
 // and ignored.
@@ -292,6 +344,8 @@ func TestServeRejectsBadTimeouts(t *testing.T) {
 	require.ErrorContains(t, err, "--redis-min-replicas")
 	_, err = parseServe([]string{"--inspect", "-1"})
 	require.ErrorContains(t, err, "--inspect")
+	_, err = parseServe([]string{"--redis-cluster-refresh", "0s"})
+	require.ErrorContains(t, err, "--redis-cluster-refresh")
 	t.Setenv("CREDPOOL_IDLE_TIMEOUT", "soon")
 	_, err = parseServe(nil)
 	require.ErrorContains(t, err, "CREDPOOL_IDLE_TIMEOUT")
@@ -306,6 +360,7 @@ func TestServeReadsEnv(t *testing.T) {
 		"CREDPOOL_INTERNAL_KEY": "i", "CREDPOOL_ADMIN_KEY": "a", "CREDPOOL_WEIGHTS": "idle=1",
 		"CREDPOOL_POOL_FALLBACK": "a=b", "CREDPOOL_READ_TIMEOUT": "3s", "CREDPOOL_IDLE_TIMEOUT": "4s",
 		"CREDPOOL_MAX_LEASE": "5m", "CREDPOOL_REDIS_MIN_REPLICAS": "2", "CREDPOOL_INSPECT": "8",
+		"CREDPOOL_REDIS_CLUSTER_REFRESH": "3s",
 	} {
 		t.Setenv(env, v)
 	}
@@ -314,7 +369,7 @@ func TestServeReadsEnv(t *testing.T) {
 	require.Equal(t, serveConfig{
 		listen: "127.0.0.1:9", redisURL: "redis://r:6379/2", db: "c.db", internalKey: "i", adminKey: "a",
 		weights: "idle=1", fallback: "a=b", readTimeout: 3 * time.Second, idleTimeout: 4 * time.Second,
-		maxLease: 5 * time.Minute, minReplicas: 2, inspect: 8,
+		maxLease: 5 * time.Minute, minReplicas: 2, inspect: 8, clusterRefresh: 3 * time.Second,
 	}, c)
 	c, err = parseServe([]string{"--db", "flag.db", "--read-timeout", "7s"})
 	require.NoError(t, err)

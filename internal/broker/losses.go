@@ -145,9 +145,10 @@ func sameState(a, b catalog.Key) bool {
 		x.CooldownUntil.Equal(y.CooldownUntil) && x.MaxConcurrentUses == y.MaxConcurrentUses && x.Score == y.Score
 }
 
-// lost reports whether the store lacks k although k reached it.
+// lost reports whether the store lacks k although k reached it. A key the
+// store could not read (in.Unreachable) is not known to be lacking.
 func (s syncer[C]) lost(k catalog.Key, in optimistic.KeyInfo) bool {
-	return !in.Exists && !k.SyncedAt.IsZero() && k.SyncedStore == s.storeID
+	return !in.Exists && !in.Unreachable && !k.SyncedAt.IsZero() && k.SyncedStore == s.storeID
 }
 
 // first reports whether k has not reached this store before.

@@ -102,6 +102,7 @@ func (p *poolRun) allocate(ctx context.Context, cands []catalog.Key) error {
 		p.grant.Stats.Attempts += st.Attempts
 		p.grant.Stats.Conflicts += st.Conflicts
 		p.grant.Stats.Pruned += st.Pruned
+		p.grant.Stats.Unreachable += st.Unreachable
 		if errors.Is(err, optimistic.ErrNoCapacity) && !retried {
 			retried = true
 			n, rerr := p.repair(ctx, cands, infos)
@@ -131,9 +132,11 @@ func (p *poolRun) allocate(ctx context.Context, cands []catalog.Key) error {
 // time, jitter; every slot counted free); the store's live state (free
 // slots, last grant) is read, in one round trip, for the best p.inspect of
 // them only, so an allocate costs the same however large the pool. Those
-// ranked again with it go first if they have a free slot, and last if not:
-// the store then takes the first key in that order with a free slot. It
-// returns the live state read, by key id.
+// ranked again with it go first if they have a free slot, and last if not,
+// after them those whose server did not answer (a Redis Cluster master
+// that is down): the store then takes the first key in that order with a
+// free slot, skipping those it cannot reach. It returns the live state
+// read, by key id.
 func (p *poolRun) rank(ctx context.Context, cands []catalog.Key) ([]string, map[string]optimistic.KeyInfo, error) {
 	now := time.Now()
 	byID := make(map[string]catalog.Key, len(cands))
@@ -159,16 +162,19 @@ func (p *poolRun) rank(ctx context.Context, cands []catalog.Key) ([]string, map[
 	p.mu.Lock()
 	ranked := p.weights.Rank(rc, now, p.rng)
 	p.mu.Unlock()
-	var free, full []string
+	var free, full, down []string
 	for _, id := range ranked {
-		if in := live[id]; in.Exists && in.Live >= in.Limit {
+		switch in := live[id]; {
+		case in.Unreachable:
+			down = append(down, id)
+		case in.Exists && in.Live >= in.Limit:
 			full = append(full, id)
-		} else {
+		default:
 			free = append(free, id)
 		}
 	}
 	out := append(free, order[len(top):]...)
-	return append(out, full...), live, nil
+	return append(append(out, full...), down...), live, nil
 }
 
 // candidate is what ranking knows of k, with its live state in if read
@@ -217,7 +223,8 @@ func (p *poolRun) repair(ctx context.Context, cands []catalog.Key, ranked map[st
 	}
 	var stale []catalog.Key
 	for i, k := range cands {
-		if !differs(infos[i], k.LeaseState()) {
+		// A key the store could not read is neither stale nor lost.
+		if infos[i].Unreachable || !differs(infos[i], k.LeaseState()) {
 			continue
 		}
 		fresh, err := p.catalog.Key(ctx, k.ID)

@@ -260,6 +260,10 @@ func (s *Server) Restart() (*Server, error) {
 	return nil, last
 }
 
+// Signal sends sig to the server's process: SIGSTOP and SIGCONT freeze
+// and resume it, as a hung host or a cut link would look to its peers.
+func (s *Server) Signal(sig os.Signal) error { return s.cmd.Process.Signal(sig) }
+
 // Stop kills the server and waits for it to exit. Clients see connection
 // errors from then on. Stopping a stopped server does nothing.
 func (s *Server) Stop() {

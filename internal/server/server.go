@@ -16,21 +16,28 @@ import (
 	"github.com/credpool/credpool/handlers"
 	"github.com/credpool/credpool/internal/broker"
 	"github.com/credpool/credpool/internal/catalog"
+	"github.com/credpool/credpool/internal/postgres"
 	"github.com/credpool/credpool/internal/sqlitex"
 	"github.com/credpool/credpool/optimistic"
 )
 
-// Config is what New needs. DB, Sealer and the two keys are required; the
-// rest have defaults.
+// Config is what New needs. One of DB and Postgres, Sealer and the two
+// keys are required; the rest have defaults.
 type Config struct {
 	// DB is the catalog's SQLite database, also the lease store's when
 	// RedisURL is empty. The caller opens it and closes it after Close.
 	DB *sqlitex.DB
+	// Postgres, instead of DB, holds the catalog in PostgreSQL, which
+	// instances on several hosts share; the leases then live in Redis
+	// (RedisURL is required). The caller opens it and closes it after
+	// Close.
+	Postgres *postgres.DB
 	// Sealer seals the credentials at rest in the catalog.
 	Sealer *catalog.Sealer
 	// RedisURL, if set, keeps leases in Redis (WATCH/MULTI), e.g.
-	// redis://[user:password@]host:port[/db]; see RedisOptions for the
-	// client's timeouts.
+	// redis://[user:password@]host:port[/db], or the master that Sentinel
+	// names, redis+sentinel://[user:password@]host:port[,host:port...]/master[/db];
+	// the client's timeouts are redisTimeout's unless the URL sets its own.
 	//
 	// default: "" (leases in DB)
 	RedisURL string
@@ -39,6 +46,15 @@ type Config struct {
 	//
 	// default: false
 	RedisCluster bool
+	// RedisClusterRefresh is how often a cluster client reloads its slot
+	// map; it also reloads it as soon as a node stops answering (see
+	// KeepTopology). After a failover, a master's keys grant again within
+	// about this long of its replica's promotion. It is also how often
+	// the Redis servers are pinged for /readyz and the metrics (and a
+	// node going down or coming back is logged), cluster or not.
+	//
+	// default: DefaultClusterRefresh (1s)
+	RedisClusterRefresh time.Duration
 	// MinReplicas is the Redis store's optimistic.Options.MinReplicas.
 	//
 	// default: 0
@@ -98,12 +114,16 @@ type Server struct {
 	closeStore func()
 }
 
-// New opens the catalog in cfg.DB, seals with the current key any secret
-// not yet sealed with it, opens the lease store, syncs the catalog into it
-// and builds the handlers. On failure nothing stays open but cfg.DB.
+// New opens the catalog in cfg.DB or cfg.Postgres, seals with the current
+// key any secret not yet sealed with it, opens the lease store, syncs the
+// catalog into it and builds the handlers. On failure nothing stays open
+// but the caller's database.
 func New(ctx context.Context, cfg Config) (*Server, error) {
-	if cfg.DB == nil || cfg.Sealer == nil {
-		return nil, errors.New("server: DB and Sealer are required")
+	if (cfg.DB == nil) == (cfg.Postgres == nil) || cfg.Sealer == nil {
+		return nil, errors.New("server: one of DB and Postgres, and Sealer, are required")
+	}
+	if cfg.Postgres != nil && cfg.RedisURL == "" {
+		return nil, errors.New("server: a PostgreSQL catalog needs a Redis URL: the SQLite lease store lives in the SQLite catalog's file")
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -111,7 +131,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if cfg.MaxLease <= 0 {
 		cfg.MaxLease = broker.DefaultMaxLease
 	}
-	cat, err := catalog.New(ctx, cfg.DB, &catalog.Options{Sealer: cfg.Sealer})
+	cat, err := openCatalog(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -165,6 +185,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		InternalKey:    cfg.InternalKey,
 		AdminKey:       cfg.AdminKey,
 		Store:          st.name,
+		Nodes:          st.nodes,
 		Metrics:        handlers.NewMetrics(),
 		RequestTimeout: cfg.RequestTimeout,
 		MaxLease:       cfg.MaxLease,
@@ -194,3 +215,12 @@ func (s *Server) Close(ctx context.Context) {
 
 // Backlog reports the releases that met a store failure and wait for it.
 func (s *Server) Backlog() broker.Backlog { return s.broker.Backlog() }
+
+// openCatalog opens the catalog in cfg.Postgres if set, else in cfg.DB.
+func openCatalog(ctx context.Context, cfg Config) (*catalog.SQL, error) {
+	opts := &catalog.Options{Sealer: cfg.Sealer}
+	if cfg.Postgres != nil {
+		return catalog.NewPostgres(ctx, cfg.Postgres, opts)
+	}
+	return catalog.New(ctx, cfg.DB, opts)
+}

@@ -49,7 +49,9 @@ type leaseStore struct {
 	id       string
 	leases   optimistic.LeaseStore
 	requests broker.RequestLog
-	close    func()
+	// nodes is the last check of the Redis servers (nil for SQLite).
+	nodes func() []optimistic.NodeHealth
+	close func()
 }
 
 // openStore picks the lease store: WATCH/MULTI on Redis when a URL is
@@ -71,27 +73,47 @@ func openStore(ctx context.Context, cfg Config) (leaseStore, error) {
 	if err != nil {
 		return leaseStore{}, err
 	}
-	if err := rdb.Ping(ctx).Err(); err != nil {
-		_ = rdb.Close()
-		return leaseStore{}, fmt.Errorf("redis at --redis is not reachable: %w", err)
+	closeClient := func() { _ = rdb.Close() }
+	if c, ok := rdb.(*redis.ClusterClient); ok {
+		// Its slot map is kept fresh from the first command on.
+		stop := KeepTopology(c, cfg.RedisClusterRefresh)
+		closeClient = func() { stop(); _ = c.Close() }
 	}
 	s, err := optimistic.New(rdb, &optimistic.Options{MinReplicas: cfg.MinReplicas})
 	if err != nil {
-		_ = rdb.Close()
+		closeClient()
 		return leaseStore{}, err
+	}
+	// On a cluster, one master answering is enough to start: the keys on
+	// the others wait for them.
+	if err := s.Ping(ctx); err != nil {
+		closeClient()
+		if errors.Is(err, redis.Nil) {
+			// Only a sentinel answers nil there: it knows no such master.
+			return leaseStore{}, fmt.Errorf("redis at --redis: %w", errNoSuchMaster)
+		}
+		return leaseStore{}, fmt.Errorf("redis at --redis is not reachable: %w", err)
 	}
 	// The request log lives beside the leases, under the store's prefix.
 	requests, err := requestlog.NewRedis(rdb, rs.DefaultPrefix)
 	if err != nil {
-		_ = rdb.Close()
+		closeClient()
 		return leaseStore{}, err
 	}
-	return leaseStore{name: "redis", id: id, leases: s, requests: requests, close: func() { _ = rdb.Close() }}, nil
+	w := watchNodes(s, cmp.Or(cfg.RedisClusterRefresh, DefaultClusterRefresh), cfg.Logger)
+	return leaseStore{name: "redis", id: id, leases: s, requests: requests, nodes: w.Nodes,
+		close: func() { w.stop(); closeClient() }}, nil
 }
 
 // redisClient returns a client of the Redis at raw, bounded as the
 // constants above say, and the store's identity.
 func redisClient(raw string, cluster bool) (redis.UniversalClient, string, error) {
+	if isSentinelURL(raw) {
+		if cluster {
+			return nil, "", errSentinelCluster
+		}
+		return sentinelClient(raw)
+	}
 	if cluster {
 		o, err := redis.ParseClusterURL(raw)
 		if err != nil {

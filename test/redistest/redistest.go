@@ -37,6 +37,32 @@ func start(t testing.TB, cluster bool) *Server {
 	return &Server{s}
 }
 
+// Cluster is a Redis Cluster of several masters, each with its replicas.
+// Its methods are safe for concurrent use.
+type Cluster struct{ *redisproc.Cluster }
+
+// StartClusterN starts a cluster of masters masters with replicas replicas
+// each, formed and in sync when it returns (redisproc.RunCluster), and
+// stops it when t ends.
+func StartClusterN(t testing.TB, masters, replicas int) *Cluster {
+	t.Helper()
+	c, err := redisproc.RunCluster(t.TempDir(), masters, replicas)
+	if err != nil {
+		t.Fatalf("redistest: %v", err)
+	}
+	t.Cleanup(c.Stop)
+	return &Cluster{c}
+}
+
+// Client returns a cluster client seeded with every node, closed when t
+// ends.
+func (c *Cluster) Client(t testing.TB) *redis.ClusterClient {
+	t.Helper()
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs(), DialerRetries: 1})
+	t.Cleanup(func() { _ = rdb.Close() })
+	return rdb
+}
+
 // StartReplica starts a server that replicates the master at addr (a proxy
 // in front of one will do), in sync when it returns, and stops it when t
 // ends.

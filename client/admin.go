@@ -1,0 +1,143 @@
+package client
+
+import (
+	"context"
+	"net/url"
+	"time"
+)
+
+// Admin calls the service's admin API (X-Admin-Key): keys and aliases. It
+// is safe for concurrent use.
+type Admin struct {
+	conn
+}
+
+// NewAdmin returns an Admin of the service at baseURL that sends adminKey.
+// opts may be nil; its Retry and Hold fields do not apply.
+func NewAdmin(baseURL, adminKey string, opts *Options) (*Admin, error) {
+	c, err := newConn(baseURL, "X-Admin-Key", adminKey, opts.withDefaults())
+	if err != nil {
+		return nil, err
+	}
+	return &Admin{conn: c}, nil
+}
+
+// KeySpec is a key as PutKey writes it. A put replaces every field: one
+// left zero takes its default, not the stored value.
+type KeySpec struct {
+	Provider string `json:"provider"`
+	Pool     string `json:"pool"`
+	// Models are the canonical models the key serves; at least one.
+	Models []string `json:"models"`
+	// Secret is the upstream credential, sealed by the service and never
+	// shown again.
+	Secret Secret `json:"-"`
+	// Status is available, pending, disabled, exhausted, rate_limited or
+	// cooldown.
+	//
+	// default: available
+	Status string `json:"status,omitempty"`
+	// MaxConcurrentUses is how many leases the key allows at once.
+	//
+	// default: 1
+	MaxConcurrentUses int `json:"max_concurrent_uses,omitempty"`
+	// CooldownUntil is when a rate_limited or cooldown key may be used
+	// again; zero: none.
+	CooldownUntil time.Time `json:"-"`
+	// LastVerifiedAt is when the key was last checked upstream (it ranks
+	// fresher keys higher); zero: never.
+	LastVerifiedAt time.Time `json:"-"`
+}
+
+// Key is a key as the admin API shows it: never its secret.
+type Key struct {
+	ID                string     `json:"id"`
+	Provider          string     `json:"provider"`
+	Pool              string     `json:"pool"`
+	Models            []string   `json:"models"`
+	Status            string     `json:"status"`
+	CooldownUntil     *time.Time `json:"cooldown_until,omitempty"`
+	MaxConcurrentUses int        `json:"max_concurrent_uses"`
+	// LiveLeases are the leases held now, NextFreeAt the earliest one's
+	// expiry, InStore whether the lease store has the key.
+	LiveLeases     int        `json:"live_leases"`
+	NextFreeAt     *time.Time `json:"next_free_at,omitempty"`
+	InStore        bool       `json:"in_store"`
+	LastUsedAt     *time.Time `json:"last_used_at,omitempty"`
+	LastVerifiedAt *time.Time `json:"last_verified_at,omitempty"`
+	Successes      int64      `json:"successes"`
+	Errors         int64      `json:"errors"`
+	RateLimitHits  int64      `json:"rate_limit_hits"`
+	CreatedAt      *time.Time `json:"created_at,omitempty"`
+	UpdatedAt      *time.Time `json:"updated_at,omitempty"`
+}
+
+// Keys lists every key.
+func (a *Admin) Keys(ctx context.Context) ([]Key, error) {
+	var out struct {
+		Keys []Key `json:"keys"`
+	}
+	err := a.do(ctx, "GET", "/api/admin/keys", nil, &out)
+	return out.Keys, err
+}
+
+// Key returns one key; ErrKeyNotFound if there is none.
+func (a *Admin) Key(ctx context.Context, id string) (Key, error) {
+	var k Key
+	err := a.do(ctx, "GET", "/api/admin/keys/"+url.PathEscape(id), nil, &k)
+	return k, err
+}
+
+// PutKey creates or replaces key id and syncs the lease store; it returns
+// the key as stored. On ErrInvalidRequest nothing is written.
+func (a *Admin) PutKey(ctx context.Context, id string, k KeySpec) (Key, error) {
+	body := struct {
+		KeySpec
+		Secret         string     `json:"secret"`
+		CooldownUntil  *time.Time `json:"cooldown_until,omitempty"`
+		LastVerifiedAt *time.Time `json:"last_verified_at,omitempty"`
+	}{KeySpec: k, Secret: k.Secret.Reveal(), CooldownUntil: optTime(k.CooldownUntil), LastVerifiedAt: optTime(k.LastVerifiedAt)}
+	var out Key
+	err := a.do(ctx, "PUT", "/api/admin/keys/"+url.PathEscape(id), body, &out)
+	return out, err
+}
+
+func optTime(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return &t
+}
+
+// DeleteKey removes key id from the catalog and the lease store; its
+// holders lose their leases. ErrKeyNotFound if there is none.
+func (a *Admin) DeleteKey(ctx context.Context, id string) error {
+	return a.do(ctx, "DELETE", "/api/admin/keys/"+url.PathEscape(id), nil, nil)
+}
+
+// ClearLeases force-releases every lease of key id and returns how many.
+func (a *Admin) ClearLeases(ctx context.Context, id string) (int, error) {
+	var out struct {
+		Cleared int `json:"cleared"`
+	}
+	err := a.do(ctx, "POST", "/api/admin/keys/"+url.PathEscape(id)+"/clear-leases", nil, &out)
+	return out.Cleared, err
+}
+
+// Sync rewrites the lease store's state of every catalog key and returns
+// how many.
+func (a *Admin) Sync(ctx context.Context) (int, error) {
+	var out struct {
+		Synced int `json:"synced"`
+	}
+	err := a.do(ctx, "POST", "/api/admin/sync", nil, &out)
+	return out.Synced, err
+}
+
+// SetAlias makes requests of provider for alias get keys serving model.
+func (a *Admin) SetAlias(ctx context.Context, provider, alias, model string) error {
+	body := struct {
+		Model string `json:"model"`
+	}{model}
+	return a.do(ctx, "PUT", "/api/admin/aliases/"+url.PathEscape(provider)+"/"+url.PathEscape(alias), body, nil)
+}

@@ -1,0 +1,129 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestRetryable(t *testing.T) {
+	for _, c := range []struct {
+		err   error
+		after time.Duration
+		ok    bool
+	}{
+		{&Error{StatusCode: 429, Code: "pool_exhausted", RetryAfter: 3 * time.Second}, 3 * time.Second, true},
+		{&Error{StatusCode: 429, Code: "pool_exhausted"}, 0, false},
+		{&Error{StatusCode: 429, Code: "contended", RetryAfter: time.Second}, time.Second, true},
+		{fmt.Errorf("wrapped: %w", &Error{StatusCode: 409, Code: "request_in_flight"}), 0, true},
+		{&Error{StatusCode: 409, Code: "policy_conflict"}, 0, false},
+		{&Error{StatusCode: 503, Code: "store_unavailable"}, 0, false},
+		{ErrUnreachable, 0, false},
+		{nil, 0, false},
+	} {
+		after, ok := retryable(c.err)
+		require.Equal(t, c.ok, ok, "%v", c.err)
+		require.Equal(t, c.after, after, "%v", c.err)
+	}
+}
+
+// Retry stops at MaxAttempts, returns at once when the next pause would
+// pass the deadline, and keeps both causes when ctx ends in a pause.
+func TestRetryBounds(t *testing.T) {
+	contended := &Error{StatusCode: 429, Code: "contended", RetryAfter: time.Millisecond}
+	tries := 0
+	r := &Retry{MaxAttempts: 3, MinBackoff: time.Millisecond, MaxBackoff: 2 * time.Millisecond}
+	err := r.do(context.Background(), func() error { tries++; return contended })
+	require.ErrorIs(t, err, ErrContended)
+	require.Equal(t, 3, tries)
+
+	tries = 0
+	full := &Error{StatusCode: 429, Code: "pool_exhausted", RetryAfter: time.Hour}
+	err = (&Retry{}).do(context.Background(), func() error { tries++; return full })
+	require.ErrorIs(t, err, ErrPoolExhausted)
+	require.Equal(t, 1, tries, "a Retry-After past the deadline is not waited for")
+
+	ctx, cancel := context.WithCancel(context.Background())
+	err = (&Retry{MinBackoff: time.Hour, MaxElapsed: 2 * time.Hour}).do(ctx, func() error { cancel(); return contended })
+	require.ErrorIs(t, err, ErrContended)
+	require.ErrorIs(t, err, context.Canceled)
+
+	var nilRetry *Retry
+	tries = 0
+	require.ErrorIs(t, nilRetry.do(context.Background(), func() error { tries++; return contended }), ErrContended)
+	require.Equal(t, 1, tries)
+}
+
+func TestOutcomeOf(t *testing.T) {
+	for _, c := range []struct {
+		err     error
+		outcome Outcome
+		cool    time.Duration
+	}{
+		{nil, Success, 0},
+		{errors.New("upstream timeout"), Failure, 0},
+		{context.Canceled, "", 0},
+		{fmt.Errorf("call: %w", &UpstreamError{StatusCode: 429, RetryAfter: time.Minute}), RateLimited, time.Minute},
+		{&UpstreamError{StatusCode: 401}, AuthError, 0},
+		{&UpstreamError{StatusCode: 403}, AuthError, 0},
+		{&UpstreamError{StatusCode: 500}, Failure, 0},
+	} {
+		o, cool := OutcomeOf(c.err)
+		require.Equal(t, c.outcome, o, "%v", c.err)
+		require.Equal(t, c.cool, cool, "%v", c.err)
+	}
+}
+
+func TestCheckResponse(t *testing.T) {
+	now := time.Now()
+	resp := func(status int, retryAfter string) *http.Response {
+		h := http.Header{}
+		if retryAfter != "" {
+			h.Set("Retry-After", retryAfter)
+		}
+		return &http.Response{StatusCode: status, Header: h}
+	}
+	require.NoError(t, CheckResponse(resp(200, "")))
+	require.NoError(t, CheckResponse(resp(304, "")))
+	var up *UpstreamError
+	require.ErrorAs(t, CheckResponse(resp(429, "30")), &up)
+	require.Equal(t, 30*time.Second, up.RetryAfter)
+	require.ErrorAs(t, CheckResponse(resp(429, now.Add(time.Hour).UTC().Format(http.TimeFormat))), &up)
+	require.InDelta(t, time.Hour.Seconds(), up.RetryAfter.Seconds(), 2)
+	require.ErrorAs(t, CheckResponse(resp(429, "soon")), &up)
+	require.Zero(t, up.RetryAfter)
+	require.ErrorAs(t, CheckResponse(resp(403, "")), &up)
+	require.Equal(t, 403, up.StatusCode)
+}
+
+func TestLifetime(t *testing.T) {
+	sent := time.Now()
+	require.Equal(t, 35*time.Second, lifetime(0, sent.Add(35*time.Second), sent))
+	require.Equal(t, 10*time.Second, lifetime(0, sent.Add(10*time.Second), sent), "a service with a shorter --max-lease")
+	require.Equal(t, 2*time.Second, lifetime(1500*time.Millisecond, sent.Add(time.Hour), sent), "whole seconds, and never longer than asked")
+	require.Equal(t, 5*time.Second, lifetime(5*time.Second, sent.Add(-time.Hour), sent), "a clock far off is ignored")
+}
+
+func TestErrorMessages(t *testing.T) {
+	e := &Error{StatusCode: 429, Code: "pool_exhausted", Message: "every key is full"}
+	require.Equal(t, "client: 429 pool_exhausted: every key is full", e.Error())
+	require.Equal(t, "client: 502 Bad Gateway", (&Error{StatusCode: 502}).Error())
+	require.Nil(t, (&Error{StatusCode: 500, Code: "internal"}).Unwrap())
+}
+
+// The client needs the standard library alone: a caller gets no service
+// internals and no third-party module with it.
+func TestStandardLibraryOnly(t *testing.T) {
+	gobin, err := exec.LookPath("go")
+	require.NoError(t, err)
+	out, err := exec.Command(gobin, "list", "-deps", "-f", "{{if not .Standard}}{{.ImportPath}}{{end}}", ".").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	require.Equal(t, []string{"github.com/credpool/credpool/client"}, strings.Fields(string(out)))
+}

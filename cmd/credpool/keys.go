@@ -1,0 +1,663 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/csv"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"text/tabwriter"
+	"time"
+
+	"golang.org/x/term"
+
+	"github.com/credpool/credpool/client"
+	"github.com/credpool/credpool/internal/catalog"
+	"github.com/credpool/credpool/optimistic"
+)
+
+const adminUsage = `usage:
+  credpool keys list                    every key, never a secret
+  credpool keys get ID
+  credpool keys put ID --provider P --models M[,M...] [--pool default] [--limit 1]
+                       [--status available] [--secret-file FILE|-]
+  credpool keys delete ID
+  credpool keys clear-leases ID         force-release every lease of the key
+  credpool keys import FILE|- [--format csv|jsonl] [--dry-run] [--update-secrets]
+  credpool aliases set PROVIDER ALIAS MODEL
+
+Every command takes:
+  --url URL              the service (CREDPOOL_URL; default http://127.0.0.1:8080)
+  --admin-key-file FILE  a file holding the admin key; without it the key is
+                         read from CREDPOOL_ADMIN_KEY (never from the command line)
+  -o table|json          output (default table)
+  --timeout D            bound on the whole command (default 5m)
+
+put replaces the whole key: a flag left out takes its default. The secret
+is read from --secret-file, or from standard input (without echo on a
+terminal); it is never printed.
+
+import reads CSV with a header row (columns id, provider, pool, models,
+secret, max_concurrent_uses, status; id, provider, models and secret
+required; models separated by spaces) or JSON lines (the same names,
+models an array). Every row is checked before any is written; a bad row
+is named by its line and nothing is written. Rows whose key already has
+the same provider, pool, models, status and limit are left alone, so a
+second run changes nothing: the secret is not compared, since the service
+never shows it (--update-secrets writes every row). An empty status or
+limit keeps an existing key's (new keys: available, 1); an empty pool is
+"default".
+`
+
+// cli is where an admin command reads and writes; tests give their own.
+type cli struct {
+	stdin          io.Reader
+	stdout, stderr io.Writer
+	getenv         func(string) string
+}
+
+// runAdmin runs "credpool keys …" or "credpool aliases …".
+func runAdmin(cmd string, args []string) error {
+	return cli{stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr, getenv: os.Getenv}.run(cmd, args)
+}
+
+func (c cli) run(cmd string, args []string) error {
+	if len(args) == 0 {
+		fmt.Fprint(c.stderr, adminUsage)
+		return errors.New("want a subcommand")
+	}
+	if args[0] == "-h" || args[0] == "-help" || args[0] == "--help" {
+		fmt.Fprint(c.stdout, adminUsage)
+		return nil
+	}
+	sub := cmd + " " + args[0]
+	fs := flag.NewFlagSet("credpool "+sub, flag.ContinueOnError)
+	fs.SetOutput(c.stderr)
+	fs.Usage = func() { fmt.Fprint(c.stderr, adminUsage) }
+	var common commonFlags
+	common.register(fs, c.getenv)
+	var put putFlags
+	var imp importFlags
+	switch sub {
+	case "keys put":
+		put.register(fs)
+	case "keys import":
+		imp.register(fs)
+	}
+	n, ok := map[string]int{
+		"keys list": 0, "keys get": 1, "keys put": 1, "keys delete": 1, "keys clear-leases": 1,
+		"keys import": 1, "aliases set": 3,
+	}[sub]
+	if !ok {
+		fmt.Fprint(c.stderr, adminUsage)
+		return fmt.Errorf("unknown command %q", "credpool "+sub)
+	}
+	pos, err := parseInterspersed(fs, args[1:])
+	if errors.Is(err, flag.ErrHelp) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if len(pos) != n {
+		return fmt.Errorf("credpool %s: want %d argument(s), got %d", sub, n, len(pos))
+	}
+	adm, err := common.admin(c.getenv)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), common.timeout)
+	defer cancel()
+	out := output{w: c.stdout, json: common.output == "json"}
+	switch sub {
+	case "keys list":
+		keys, err := adm.Keys(ctx)
+		if err != nil {
+			return err
+		}
+		return out.keys(keys)
+	case "keys get":
+		k, err := adm.Key(ctx, pos[0])
+		if err != nil {
+			return err
+		}
+		return out.key(k)
+	case "keys put":
+		return c.put(ctx, adm, out, pos[0], put)
+	case "keys delete":
+		if err := adm.DeleteKey(ctx, pos[0]); err != nil {
+			return err
+		}
+		return out.result(map[string]any{"deleted": pos[0]}, "deleted "+pos[0])
+	case "keys clear-leases":
+		n, err := adm.ClearLeases(ctx, pos[0])
+		if err != nil {
+			return err
+		}
+		return out.result(map[string]any{"cleared": n}, fmt.Sprintf("cleared %d lease(s) of %s", n, pos[0]))
+	case "keys import":
+		return c.importKeys(ctx, adm, out, pos[0], imp)
+	default: // aliases set
+		if err := adm.SetAlias(ctx, pos[0], pos[1], pos[2]); err != nil {
+			return err
+		}
+		return out.result(map[string]any{"provider": pos[0], "alias": pos[1], "model": pos[2]},
+			fmt.Sprintf("%s/%s → %s", pos[0], pos[1], pos[2]))
+	}
+}
+
+// parseInterspersed parses flags wherever they stand among the
+// positional arguments ("keys get ID -o json").
+func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		if fs.NArg() == 0 {
+			return pos, nil
+		}
+		pos = append(pos, fs.Arg(0))
+		args = fs.Args()[1:]
+	}
+}
+
+// commonFlags are every admin command's.
+type commonFlags struct {
+	url, keyFile, output string
+	timeout              time.Duration
+}
+
+func (f *commonFlags) register(fs *flag.FlagSet, getenv func(string) string) {
+	url := getenv("CREDPOOL_URL")
+	if url == "" {
+		url = "http://127.0.0.1:8080"
+	}
+	fs.StringVar(&f.url, "url", url, "the service's base URL (env CREDPOOL_URL)")
+	fs.StringVar(&f.keyFile, "admin-key-file", "", "a file holding the admin key (default: env CREDPOOL_ADMIN_KEY)")
+	fs.StringVar(&f.output, "o", "table", "output: table or json")
+	fs.DurationVar(&f.timeout, "timeout", 5*time.Minute, "bound on the whole command")
+}
+
+// admin checks the flags and returns the admin client.
+func (f *commonFlags) admin(getenv func(string) string) (*client.Admin, error) {
+	if f.output != "table" && f.output != "json" {
+		return nil, errors.New("-o: want table or json")
+	}
+	if f.timeout <= 0 {
+		return nil, errors.New("--timeout: want a positive duration")
+	}
+	key := getenv("CREDPOOL_ADMIN_KEY")
+	if f.keyFile != "" {
+		raw, err := os.ReadFile(f.keyFile)
+		if err != nil {
+			return nil, fmt.Errorf("--admin-key-file: %w", err)
+		}
+		key = strings.TrimSpace(string(raw))
+	}
+	if key == "" {
+		return nil, errors.New("no admin key: set CREDPOOL_ADMIN_KEY or --admin-key-file")
+	}
+	return client.NewAdmin(f.url, key, nil)
+}
+
+// output writes results as a table (text) or JSON.
+type output struct {
+	w    io.Writer
+	json bool
+}
+
+func (o output) result(v any, text string) error {
+	if o.json {
+		return json.NewEncoder(o.w).Encode(v)
+	}
+	_, err := fmt.Fprintln(o.w, text)
+	return err
+}
+
+func (o output) key(k client.Key) error {
+	if o.json {
+		return json.NewEncoder(o.w).Encode(k)
+	}
+	return o.keys([]client.Key{k})
+}
+
+func (o output) keys(keys []client.Key) error {
+	if o.json {
+		return json.NewEncoder(o.w).Encode(keys)
+	}
+	tw := tabwriter.NewWriter(o.w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tPROVIDER\tPOOL\tSTATUS\tLIMIT\tLIVE\tSUCCESSES\tERRORS\tMODELS")
+	for _, k := range keys {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%s\n", k.ID, k.Provider, k.Pool, k.Status,
+			k.MaxConcurrentUses, k.LiveLeases, k.Successes, k.Errors, strings.Join(k.Models, " "))
+	}
+	return tw.Flush()
+}
+
+// putFlags are "keys put"'s.
+type putFlags struct {
+	provider, pool, models, status, secretFile string
+	limit                                      int
+}
+
+func (f *putFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.provider, "provider", "", "the provider (required)")
+	fs.StringVar(&f.pool, "pool", "default", "the pool")
+	fs.StringVar(&f.models, "models", "", "the models the key serves, separated by commas or spaces (required)")
+	fs.StringVar(&f.status, "status", "available", "available, pending, disabled, exhausted, rate_limited or cooldown")
+	fs.IntVar(&f.limit, "limit", 1, "max_concurrent_uses")
+	fs.StringVar(&f.secretFile, "secret-file", "", "a file holding the secret, - for standard input (default: standard input)")
+}
+
+func (c cli) put(ctx context.Context, adm *client.Admin, out output, id string, f putFlags) error {
+	r := row{
+		ID: id, Provider: f.provider, Pool: f.pool, Status: f.status, Limit: strconv.Itoa(f.limit),
+		Models: strings.FieldsFunc(f.models, func(r rune) bool { return r == ',' || r == ' ' }),
+	}
+	if problems := r.check(); len(problems) > 0 {
+		return errors.New(strings.Join(problems, "; "))
+	}
+	secret, err := c.readSecret(id, f.secretFile)
+	if err != nil {
+		return err
+	}
+	r.Secret = secret
+	k, err := adm.PutKey(ctx, id, r.spec(nil))
+	if err != nil {
+		return err
+	}
+	return out.key(k)
+}
+
+// readSecret reads a secret from path, or from standard input ("" or
+// "-"): prompted for without echo on a terminal. Surrounding whitespace
+// is dropped; an empty secret is refused.
+func (c cli) readSecret(id, path string) (client.Secret, error) {
+	var raw []byte
+	var err error
+	switch f, ok := c.stdin.(*os.File); {
+	case path != "" && path != "-":
+		raw, err = os.ReadFile(path)
+	case ok && term.IsTerminal(int(f.Fd())):
+		fmt.Fprintf(c.stderr, "secret of %s: ", id)
+		raw, err = term.ReadPassword(int(f.Fd()))
+		fmt.Fprintln(c.stderr)
+	default:
+		raw, err = io.ReadAll(io.LimitReader(c.stdin, 64<<10))
+	}
+	if err != nil {
+		return "", fmt.Errorf("read the secret: %w", err)
+	}
+	secret := strings.TrimSpace(string(raw))
+	if secret == "" {
+		return "", errors.New("the secret is empty")
+	}
+	return client.Secret(secret), nil
+}
+
+// importFlags are "keys import"'s.
+type importFlags struct {
+	format        string
+	dryRun        bool
+	updateSecrets bool
+	parallel      int
+}
+
+func (f *importFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.format, "format", "", "csv or jsonl (default: by the file's extension; csv for standard input)")
+	fs.BoolVar(&f.dryRun, "dry-run", false, "check the file and show what would change; write nothing")
+	fs.BoolVar(&f.updateSecrets, "update-secrets", false, "write every row, also those that match (to rotate secrets)")
+	fs.IntVar(&f.parallel, "parallel", 4, "keys written at once")
+}
+
+// row is one key of an import file, as read, before any default.
+type row struct {
+	Line     int      `json:"-"`
+	ID       string   `json:"id"`
+	Provider string   `json:"provider"`
+	Pool     string   `json:"pool"`
+	Models   []string `json:"models"`
+	// Secret is never printed: client.Secret redacts itself.
+	Secret client.Secret `json:"-"`
+	Status string        `json:"status"`
+	// Limit is max_concurrent_uses as written; empty keeps (or defaults).
+	Limit string `json:"-"`
+}
+
+// check returns what is wrong with r but its secret (read apart), naming
+// columns, never quoting a value: a secret pasted into the wrong column
+// must not be printed.
+func (r row) check() []string {
+	var out []string
+	for _, f := range []struct{ name, v string }{{"id", r.ID}, {"provider", r.Provider}, {"pool", r.Pool}} {
+		switch {
+		case f.v == "":
+			out = append(out, f.name+": required")
+		case !optimistic.ValidID(f.v):
+			out = append(out, f.name+": want 1-128 characters of [A-Za-z0-9._-], starting with a letter or digit")
+		}
+	}
+	if len(r.Models) == 0 {
+		out = append(out, "models: want at least one")
+	}
+	for _, m := range r.Models {
+		if catalog.CheckModel("models", m) != nil {
+			out = append(out, "models: want 1-256 characters each, no control characters")
+			break
+		}
+	}
+	if r.Status != "" && !optimistic.Status(r.Status).Valid() {
+		out = append(out, "status: want available, pending, disabled, exhausted, rate_limited or cooldown")
+	}
+	if n, err := strconv.Atoi(r.Limit); r.Limit != "" && (err != nil || n < 1) {
+		out = append(out, "max_concurrent_uses: want a whole number, at least 1")
+	}
+	return out
+}
+
+// spec is what PutKey writes for r; old is the key as stored, if any,
+// whose status, limit, cooldown and last verification r keeps unless it
+// sets them.
+func (r row) spec(old *client.Key) client.KeySpec {
+	s := client.KeySpec{Provider: r.Provider, Pool: r.Pool, Models: r.Models, Secret: r.Secret, Status: r.Status}
+	s.MaxConcurrentUses, _ = strconv.Atoi(r.Limit)
+	if old == nil {
+		return s
+	}
+	if s.Status == "" {
+		s.Status = old.Status
+	}
+	if s.MaxConcurrentUses == 0 {
+		s.MaxConcurrentUses = old.MaxConcurrentUses
+	}
+	if old.CooldownUntil != nil && (s.Status == "rate_limited" || s.Status == "cooldown") {
+		s.CooldownUntil = *old.CooldownUntil
+	}
+	if old.LastVerifiedAt != nil {
+		s.LastVerifiedAt = *old.LastVerifiedAt
+	}
+	return s
+}
+
+// matches reports whether the stored key already is what r asks for, in
+// every field the admin API shows.
+func (r row) matches(k client.Key) bool {
+	s := r.spec(&k)
+	return k.Provider == s.Provider && k.Pool == s.Pool && k.Status == s.Status &&
+		k.MaxConcurrentUses == s.MaxConcurrentUses && slices.Equal(setOf(k.Models), setOf(s.Models))
+}
+
+func setOf(models []string) []string {
+	return slices.Compact(slices.Sorted(slices.Values(models)))
+}
+
+// readRows reads an import file: every row, or every problem, each named
+// by its line.
+func readRows(in io.Reader, format string) ([]row, []string, error) {
+	var rows []row
+	var err error
+	if format == "jsonl" {
+		rows, err = readJSONLines(in)
+	} else {
+		rows, err = readCSV(in)
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	var problems []string
+	seen := map[string]int{}
+	for i := range rows {
+		r := &rows[i]
+		if r.Pool == "" {
+			r.Pool = "default"
+		}
+		rp := r.check()
+		if r.Secret == "" {
+			rp = append(rp, "secret: required")
+		}
+		for _, p := range rp {
+			problems = append(problems, fmt.Sprintf("line %d: %s", r.Line, p))
+		}
+		if first, ok := seen[r.ID]; ok && r.ID != "" {
+			problems = append(problems, fmt.Sprintf("line %d: id: repeats line %d", r.Line, first))
+		} else {
+			seen[r.ID] = r.Line
+		}
+	}
+	if len(rows) == 0 && len(problems) == 0 {
+		problems = append(problems, "no rows")
+	}
+	return rows, problems, nil
+}
+
+// csvColumns are the columns an import CSV may have.
+var csvColumns = []string{"id", "provider", "pool", "models", "secret", "max_concurrent_uses", "status"}
+
+func readCSV(in io.Reader) ([]row, error) {
+	cr := csv.NewReader(in)
+	cr.TrimLeadingSpace = true
+	cr.Comment = '#'
+	header, err := cr.Read()
+	if err != nil {
+		return nil, fmt.Errorf("CSV header: %w", err)
+	}
+	col := map[string]int{}
+	for i, h := range header {
+		h = strings.ToLower(strings.TrimSpace(h))
+		if !slices.Contains(csvColumns, h) {
+			return nil, fmt.Errorf("CSV header: unknown column %d; want some of %s", i+1, strings.Join(csvColumns, ", "))
+		}
+		col[h] = i
+	}
+	for _, h := range []string{"id", "provider", "models", "secret"} {
+		if _, ok := col[h]; !ok {
+			return nil, fmt.Errorf("CSV header: no %s column", h)
+		}
+	}
+	get := func(rec []string, name string) string {
+		if i, ok := col[name]; ok {
+			return strings.TrimSpace(rec[i])
+		}
+		return ""
+	}
+	var rows []row
+	for {
+		rec, err := cr.Read()
+		if errors.Is(err, io.EOF) {
+			return rows, nil
+		}
+		if err != nil {
+			// csv's errors name the line and column, never the value.
+			return nil, err
+		}
+		line, _ := cr.FieldPos(0)
+		rows = append(rows, row{
+			Line: line, ID: get(rec, "id"), Provider: get(rec, "provider"), Pool: get(rec, "pool"),
+			Models: strings.Fields(get(rec, "models")), Secret: client.Secret(get(rec, "secret")),
+			Status: get(rec, "status"), Limit: get(rec, "max_concurrent_uses"),
+		})
+	}
+}
+
+func readJSONLines(in io.Reader) ([]row, error) {
+	raw, err := io.ReadAll(in)
+	if err != nil {
+		return nil, err
+	}
+	var rows []row
+	for i, line := range bytes.Split(raw, []byte("\n")) {
+		if len(bytes.TrimSpace(line)) == 0 {
+			continue
+		}
+		var v struct {
+			ID                string   `json:"id"`
+			Provider          string   `json:"provider"`
+			Pool              string   `json:"pool"`
+			Models            []string `json:"models"`
+			Secret            string   `json:"secret"`
+			MaxConcurrentUses *int     `json:"max_concurrent_uses"`
+			Status            string   `json:"status"`
+		}
+		dec := json.NewDecoder(bytes.NewReader(line))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&v); err != nil {
+			// Never the decoder's words: they can quote a value.
+			return nil, fmt.Errorf("line %d: want one JSON object of id, provider, pool, models, secret, max_concurrent_uses, status with the right types", i+1)
+		}
+		r := row{Line: i + 1, ID: v.ID, Provider: v.Provider, Pool: v.Pool, Models: v.Models, Secret: client.Secret(v.Secret), Status: v.Status}
+		if v.MaxConcurrentUses != nil {
+			r.Limit = strconv.Itoa(*v.MaxConcurrentUses)
+		}
+		rows = append(rows, r)
+	}
+	return rows, nil
+}
+
+// importPlan is what an import writes.
+type importPlan struct {
+	Created   []string `json:"created"`
+	Updated   []string `json:"updated"`
+	Unchanged int      `json:"unchanged"`
+	DryRun    bool     `json:"dry_run,omitempty"`
+}
+
+func (c cli) importKeys(ctx context.Context, adm *client.Admin, out output, path string, f importFlags) error {
+	format := f.format
+	if format == "" {
+		format = "csv"
+		if ext := strings.ToLower(filepath.Ext(path)); ext == ".jsonl" || ext == ".ndjson" || ext == ".json" {
+			format = "jsonl"
+		}
+	}
+	if format != "csv" && format != "jsonl" {
+		return errors.New("--format: want csv or jsonl")
+	}
+	if f.parallel < 1 {
+		return errors.New("--parallel: want at least 1")
+	}
+	in := c.stdin
+	if path != "-" {
+		file, err := os.Open(path)
+		if err != nil {
+			return err
+		}
+		defer file.Close()
+		in = file
+	}
+	rows, problems, err := readRows(in, format)
+	if err != nil {
+		return fmt.Errorf("%s: %w; nothing written", path, err)
+	}
+	if len(problems) > 0 {
+		for _, p := range problems {
+			fmt.Fprintln(c.stderr, p)
+		}
+		return fmt.Errorf("%s: %d problem(s) in %d row(s); nothing written", path, len(problems), len(rows))
+	}
+
+	keys, err := adm.Keys(ctx)
+	if err != nil {
+		return err
+	}
+	stored := map[string]*client.Key{}
+	for i := range keys {
+		stored[keys[i].ID] = &keys[i]
+	}
+	plan := importPlan{Created: []string{}, Updated: []string{}, DryRun: f.dryRun}
+	var writes []row
+	for _, r := range rows {
+		old := stored[r.ID]
+		switch {
+		case old == nil:
+			plan.Created = append(plan.Created, r.ID)
+		case !r.matches(*old):
+			plan.Updated = append(plan.Updated, r.ID)
+		case f.updateSecrets:
+			plan.Updated = append(plan.Updated, r.ID)
+		default:
+			plan.Unchanged++
+			continue
+		}
+		writes = append(writes, r)
+	}
+	if !f.dryRun {
+		if err := putAll(ctx, adm, writes, stored, f.parallel); err != nil {
+			return err
+		}
+	}
+	return out.plan(plan)
+}
+
+// putAll writes rows, parallel at a time. It stops at the first failure
+// and says how far it got: a rerun finishes the job, since rows already
+// written then match.
+func putAll(ctx context.Context, adm *client.Admin, rows []row, stored map[string]*client.Key, parallel int) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var (
+		mu    sync.Mutex
+		first error
+		wrote int
+		next  = make(chan row)
+		wg    sync.WaitGroup
+	)
+	for range min(parallel, max(len(rows), 1)) {
+		wg.Go(func() {
+			for r := range next {
+				_, err := adm.PutKey(ctx, r.ID, r.spec(stored[r.ID]))
+				mu.Lock()
+				if err == nil {
+					wrote++
+				} else if first == nil {
+					first = fmt.Errorf("line %d (%s): %w", r.Line, r.ID, err)
+					cancel()
+				}
+				mu.Unlock()
+			}
+		})
+	}
+send:
+	for _, r := range rows {
+		select {
+		case next <- r:
+		case <-ctx.Done():
+			break send
+		}
+	}
+	close(next)
+	wg.Wait()
+	if first == nil && wrote < len(rows) {
+		first = ctx.Err()
+	}
+	if first != nil {
+		return fmt.Errorf("wrote %d of %d keys, then %w; run the import again to write the rest", wrote, len(rows), first)
+	}
+	return nil
+}
+
+func (o output) plan(p importPlan) error {
+	if o.json {
+		return json.NewEncoder(o.w).Encode(p)
+	}
+	verb := ""
+	if p.DryRun {
+		verb = "would be "
+	}
+	if len(p.Created)+len(p.Updated) == 0 {
+		_, err := fmt.Fprintf(o.w, "nothing to change: all %d key(s) already match (secrets are not compared; --update-secrets writes them)\n", p.Unchanged)
+		return err
+	}
+	_, err := fmt.Fprintf(o.w, "%d key(s) %screated, %d %supdated, %d unchanged\n",
+		len(p.Created), verb, len(p.Updated), verb, p.Unchanged)
+	return err
+}

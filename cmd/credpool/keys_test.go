@@ -1,0 +1,267 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/credpool/credpool/client"
+)
+
+// adminCLI runs admin commands against one credpool serve process, its
+// URL and admin key in the environment as an operator would set them.
+type adminCLI struct {
+	t   *testing.T
+	env map[string]string
+	adm *client.Admin
+}
+
+// startAdmin runs "credpool serve --dev --demo" (what make run starts),
+// with known keys.
+func startAdmin(t *testing.T) *adminCLI {
+	t.Helper()
+	db := filepath.Join(t.TempDir(), "credpool.db")
+	p := startServe(t, []string{"CREDPOOL_INTERNAL_KEY=" + internalK, "CREDPOOL_ADMIN_KEY=" + adminK}, "--dev", "--demo", "--db", db)
+	url := "http://" + p.addr
+	adm, err := client.NewAdmin(url, adminK, nil)
+	require.NoError(t, err)
+	return &adminCLI{t: t, env: map[string]string{"CREDPOOL_URL": url, "CREDPOOL_ADMIN_KEY": adminK}, adm: adm}
+}
+
+// run runs "credpool args..." with stdin; it returns standard output,
+// standard error and the error.
+func (a *adminCLI) run(stdin string, args ...string) (string, string, error) {
+	a.t.Helper()
+	var out, errOut bytes.Buffer
+	c := cli{stdin: strings.NewReader(stdin), stdout: &out, stderr: &errOut, getenv: func(k string) string { return a.env[k] }}
+	err := c.run(args[0], args[1:])
+	return out.String(), errOut.String(), err
+}
+
+// keys lists the service's keys by id, through the client.
+func (a *adminCLI) keys() map[string]client.Key {
+	a.t.Helper()
+	keys, err := a.adm.Keys(a.t.Context())
+	require.NoError(a.t, err)
+	out := map[string]client.Key{}
+	for _, k := range keys {
+		out[k.ID] = k
+	}
+	return out
+}
+
+// written is every key's last write, by id: what an import that writes
+// nothing leaves as it was.
+func (a *adminCLI) written() map[string]time.Time {
+	a.t.Helper()
+	out := map[string]time.Time{}
+	for id, k := range a.keys() {
+		require.NotNil(a.t, k.UpdatedAt)
+		out[id] = *k.UpdatedAt
+	}
+	return out
+}
+
+func writeFile(t *testing.T, name, content string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), name)
+	require.NoError(t, os.WriteFile(path, []byte(content), 0o600))
+	return path
+}
+
+// secretOf is the secret of the i-th generated key: what must never be
+// printed.
+func secretOf(i int) string { return fmt.Sprintf("sk-import-secret-%04d", i) }
+
+func importCSV(n int) string {
+	var b strings.Builder
+	b.WriteString("id,provider,pool,models,secret,max_concurrent_uses\n")
+	for i := range n {
+		fmt.Fprintf(&b, "imp-%04d,openai,default,gpt-4o-2024-08-06 gpt-4o-mini,%s,%d\n", i, secretOf(i), 1+i%5)
+	}
+	return b.String()
+}
+
+// 1,000 keys from a CSV into a fresh service; the second run changes
+// nothing and says so.
+func TestKeysImportThousand(t *testing.T) {
+	a := startAdmin(t)
+	demo := len(a.keys())
+	path := writeFile(t, "keys.csv", importCSV(1000))
+
+	out, errOut, err := a.run("", "keys", "import", path)
+	require.NoError(t, err, errOut)
+	require.Equal(t, "1000 key(s) created, 0 updated, 0 unchanged\n", out)
+	keys := a.keys()
+	require.Len(t, keys, demo+1000)
+	k := keys["imp-0007"]
+	require.Equal(t, "openai", k.Provider)
+	require.Equal(t, 3, k.MaxConcurrentUses)
+	require.ElementsMatch(t, []string{"gpt-4o-2024-08-06", "gpt-4o-mini"}, k.Models)
+	require.Equal(t, "available", k.Status)
+
+	out, errOut, err = a.run("", "keys", "import", path)
+	require.NoError(t, err, errOut)
+	require.Contains(t, out, "nothing to change: all 1000 key(s) already match")
+	again := a.written()
+	for id, k := range keys {
+		require.Equal(t, *k.UpdatedAt, again[id], "%s was written again", id)
+	}
+	require.NotContains(t, out+errOut, "sk-import-secret")
+}
+
+// One bad row: nothing is written, and every problem is named by its line,
+// without quoting the value.
+func TestKeysImportBadRowWritesNothing(t *testing.T) {
+	a := startAdmin(t)
+	before := a.written()
+	lines := strings.Split(strings.TrimSuffix(importCSV(5), "\n"), "\n")
+	lines[3] = "imp-0002,openai,default,,sk-import-secret-0002,2" // line 4: no models
+	path := writeFile(t, "keys.csv", strings.Join(lines, "\n")+"\n")
+	out, errOut, err := a.run("", "keys", "import", path)
+	require.ErrorContains(t, err, "nothing written")
+	require.Equal(t, "line 4: models: want at least one\n", errOut)
+	require.Empty(t, out)
+	require.Equal(t, before, a.written(), "nothing written")
+
+	// Several problems at once, each with its line; a value in the wrong
+	// column is never echoed.
+	bad := "id,provider,models,secret,max_concurrent_uses,status\n" +
+		"ok-1,openai,m,s1,1,\n" +
+		"bad id,openai,m,s2,1,\n" +
+		"ok-1,openai,m,s3,x,\n" +
+		"ok-3,sk-live-pasted-here!,m,,1,sleepy\n"
+	_, errOut, err = a.run("", "keys", "import", writeFile(t, "bad.csv", bad))
+	require.ErrorContains(t, err, "6 problem(s) in 4 row(s); nothing written")
+	for _, want := range []string{
+		"line 3: id: want", "line 4: max_concurrent_uses: want", "line 4: id: repeats line 2",
+		"line 5: provider: want", "line 5: secret: required", "line 5: status: want",
+	} {
+		require.Contains(t, errOut, want)
+	}
+	require.NotContains(t, errOut, "sk-live-pasted-here")
+	require.Equal(t, before, a.written())
+
+	_, _, err = a.run("", "keys", "import", writeFile(t, "cols.csv", "id,provider,model,secret\n"))
+	require.ErrorContains(t, err, "unknown column 3")
+}
+
+// JSON lines from standard input; a changed row is updated and keeps what
+// it does not set (status), others are left alone.
+func TestKeysImportJSONLines(t *testing.T) {
+	a := startAdmin(t)
+	rows := `{"id":"j1","provider":"openai","models":["gpt-4o-2024-08-06"],"secret":"sk-j1","max_concurrent_uses":2}
+{"id":"j2","provider":"openai","pool":"vip","models":["gpt-4o-2024-08-06"],"secret":"sk-j2","status":"pending"}
+`
+	out, errOut, err := a.run(rows, "keys", "import", "-", "--format", "jsonl", "-o", "json")
+	require.NoError(t, err, errOut)
+	var plan importPlan
+	require.NoError(t, json.Unmarshal([]byte(out), &plan))
+	require.Equal(t, importPlan{Created: []string{"j1", "j2"}, Updated: []string{}}, plan)
+	require.Equal(t, "pending", a.keys()["j2"].Status)
+	require.Equal(t, "vip", a.keys()["j2"].Pool)
+
+	_, err = a.adm.PutKey(t.Context(), "j1", client.KeySpec{
+		Provider: "openai", Pool: "default", Models: []string{"gpt-4o-2024-08-06"}, Secret: "sk-j1",
+		MaxConcurrentUses: 2, Status: "disabled",
+	})
+	require.NoError(t, err)
+	changed := strings.Replace(rows, `"max_concurrent_uses":2`, `"max_concurrent_uses":4`, 1)
+	out, errOut, err = a.run(changed, "keys", "import", "-", "--format", "jsonl", "--dry-run")
+	require.NoError(t, err, errOut)
+	require.Equal(t, "0 key(s) would be created, 1 would be updated, 1 unchanged\n", out)
+	require.Equal(t, 2, a.keys()["j1"].MaxConcurrentUses, "a dry run writes nothing")
+	out, errOut, err = a.run(changed, "keys", "import", "-", "--format", "jsonl")
+	require.NoError(t, err, errOut)
+	require.Equal(t, "0 key(s) created, 1 updated, 1 unchanged\n", out)
+	j1 := a.keys()["j1"]
+	require.Equal(t, 4, j1.MaxConcurrentUses)
+	require.Equal(t, "disabled", j1.Status, "a row without a status keeps the key's")
+
+	out, errOut, err = a.run(changed, "keys", "import", "-", "--format", "jsonl", "--update-secrets")
+	require.NoError(t, err, errOut)
+	require.Equal(t, "0 key(s) created, 2 updated, 0 unchanged\n", out)
+
+	_, errOut, err = a.run(`{"id":"j3","secret":"sk-oops","surprise":"sk-oops"}`+"\n", "keys", "import", "-", "--format", "jsonl")
+	require.ErrorContains(t, err, "line 1: want one JSON object")
+	require.NotContains(t, errOut+err.Error(), "sk-oops")
+}
+
+// put reads the secret from standard input or a file, never from the
+// command line, and no command prints it; the admin key comes from the
+// environment or a file.
+func TestKeysCommands(t *testing.T) {
+	a := startAdmin(t)
+	out, errOut, err := a.run("sk-put-secret\n", "keys", "put", "p1", "--provider", "openai", "--models", "gpt-4o-2024-08-06,gpt-4o-mini", "--limit", "3")
+	require.NoError(t, err, errOut)
+	require.Contains(t, out, "p1")
+	require.Equal(t, 3, a.keys()["p1"].MaxConcurrentUses)
+
+	secretFile := writeFile(t, "secret", "sk-file-secret\n")
+	_, errOut, err = a.run("", "keys", "put", "p2", "--provider", "openai", "--models", "m", "--secret-file", secretFile, "--status", "pending")
+	require.NoError(t, err, errOut)
+	require.Equal(t, "pending", a.keys()["p2"].Status)
+	_, _, err = a.run("", "keys", "put", "p3", "--provider", "openai", "--models", "m")
+	require.ErrorContains(t, err, "the secret is empty")
+	_, _, err = a.run("s", "keys", "put", "p3", "--provider", "openai", "--models", "m", "--limit", "0")
+	require.ErrorContains(t, err, "max_concurrent_uses")
+	require.NotContains(t, a.keys(), "p3")
+
+	out, errOut, err = a.run("", "keys", "list")
+	require.NoError(t, err, errOut)
+	require.Contains(t, out, "ID")
+	require.Contains(t, out, "p1")
+	require.Contains(t, out, "demo-vip-1")
+	out, _, err = a.run("", "keys", "get", "p1", "-o", "json")
+	require.NoError(t, err)
+	var k client.Key
+	require.NoError(t, json.Unmarshal([]byte(out), &k))
+	require.Equal(t, "p1", k.ID)
+	out, _, err = a.run("", "keys", "list", "-o", "json")
+	require.NoError(t, err)
+	var keys []client.Key
+	require.NoError(t, json.Unmarshal([]byte(out), &keys))
+	require.Len(t, keys, len(a.keys()))
+
+	out, _, err = a.run("", "keys", "clear-leases", "p1")
+	require.NoError(t, err)
+	require.Equal(t, "cleared 0 lease(s) of p1\n", out)
+	out, _, err = a.run("", "aliases", "set", "openai", "fast", "gpt-4o-mini")
+	require.NoError(t, err)
+	require.Equal(t, "openai/fast → gpt-4o-mini\n", out)
+	out, _, err = a.run("", "keys", "delete", "p2", "-o", "json")
+	require.NoError(t, err)
+	require.JSONEq(t, `{"deleted":"p2"}`, out)
+	_, _, err = a.run("", "keys", "get", "p2")
+	require.ErrorIs(t, err, client.ErrKeyNotFound)
+
+	all, errAll, err := a.run("", "keys", "list", "-o", "json")
+	require.NoError(t, err)
+	require.NotContains(t, all+errAll, "sk-put-secret")
+	require.NotContains(t, all+errAll, "sk-file-secret")
+
+	// The admin key: from a file, never a flag.
+	keyFile := writeFile(t, "admin-key", adminK+"\n")
+	delete(a.env, "CREDPOOL_ADMIN_KEY")
+	_, _, err = a.run("", "keys", "list")
+	require.ErrorContains(t, err, "no admin key")
+	_, _, err = a.run("", "keys", "list", "--admin-key-file", keyFile)
+	require.NoError(t, err)
+	_, _, err = a.run("", "keys", "list", "--admin-key", adminK)
+	require.ErrorContains(t, err, "flag provided but not defined")
+	a.env["CREDPOOL_ADMIN_KEY"] = "wrong-admin-key-000"
+	_, _, err = a.run("", "keys", "list")
+	require.ErrorIs(t, err, client.ErrUnauthorized)
+
+	_, _, err = a.run("", "keys", "frobnicate")
+	require.ErrorContains(t, err, "unknown command")
+	_, _, err = a.run("", "keys", "get")
+	require.ErrorContains(t, err, "want 1 argument")
+}

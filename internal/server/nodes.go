@@ -1,0 +1,79 @@
+package server
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/credpool/credpool/optimistic"
+)
+
+// nodeTimeout bounds one round of pings.
+const nodeTimeout = time.Second
+
+// nodeWatch pings the Redis store's servers (each master of a cluster)
+// every so often, keeps the last answer for /readyz and the metrics, and
+// logs a node going down, and coming back, once each.
+type nodeWatch struct {
+	store *optimistic.Store
+	log   *slog.Logger
+
+	mu   sync.Mutex
+	last []optimistic.NodeHealth
+	down map[string]bool // by address, as last logged
+
+	done, ended chan struct{}
+	once        sync.Once
+}
+
+// watchNodes checks the nodes once, then every every until stop.
+func watchNodes(s *optimistic.Store, every time.Duration, log *slog.Logger) *nodeWatch {
+	w := &nodeWatch{store: s, log: log, down: make(map[string]bool), done: make(chan struct{}), ended: make(chan struct{})}
+	w.check()
+	go func() {
+		defer close(w.ended)
+		tick := time.NewTicker(every)
+		defer tick.Stop()
+		for {
+			select {
+			case <-w.done:
+				return
+			case <-tick.C:
+				w.check()
+			}
+		}
+	}()
+	return w
+}
+
+func (w *nodeWatch) check() {
+	ctx, cancel := context.WithTimeout(context.Background(), nodeTimeout)
+	defer cancel()
+	nodes := w.store.Nodes(ctx)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.last = nodes
+	for _, n := range nodes {
+		switch down := n.Err != nil; {
+		case down && !w.down[n.Addr]:
+			w.log.Warn("lease store node down: keys on it are skipped until it answers", "node", n.Addr, "err", n.Err)
+		case !down && w.down[n.Addr]:
+			w.log.Info("lease store node answers again", "node", n.Addr)
+		}
+		w.down[n.Addr] = n.Err != nil
+	}
+}
+
+// Nodes is the last check's answer.
+func (w *nodeWatch) Nodes() []optimistic.NodeHealth {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.last
+}
+
+// stop ends the checks; it is safe to call more than once.
+func (w *nodeWatch) stop() {
+	w.once.Do(func() { close(w.done) })
+	<-w.ended
+}
