@@ -32,14 +32,17 @@ run:
 
 ## bench: the standard benchmark suite (all three lease stores, closed loop,
 ## then an open loop at fixed rates) into bench/results, then credpool serve
-## against its lease store (SQLite, Redis) into bench/results/service; under
-## 6 minutes on 2 cores. Starts its own redis-server on loopback.
+## against its lease store (SQLite, Redis) into bench/results/service, and
+## 1 and 3 serve instances on one PostgreSQL catalog into
+## bench/results/service-postgres; under 8 minutes on 2 cores. Starts its
+## own redis-server and PostgreSQL on loopback.
 BENCH_OUT ?= bench/results
-bench: redis-server build
+bench: redis-server postgresql build
 	./credpool bench -strategies optimistic,lua,sqlite -out $(BENCH_OUT)
 	./credpool bench -strategies optimistic,lua,sqlite -scenarios uniform,zipf,hot \
 		-workers 64 -limits 5 -procs 1 -rates 1000,4000 -duration 2s -out $(BENCH_OUT)/open
 	./credpool bench -service -out $(BENCH_OUT)/service
+	./credpool bench -service -catalog postgres -instances 1,3 -strategies optimistic -out $(BENCH_OUT)/service-postgres
 
 ## redis-server: the tests start their own servers; install the binary if missing.
 ## A REDIS_SERVER that is set must name an executable (a path, or a name on PATH).

@@ -27,6 +27,10 @@ type Config struct {
 	// RedisURL is the server of the Redis strategies. Empty starts a
 	// throwaway redis-server on loopback for the run.
 	RedisURL string
+	// RedisCluster reads RedisURL as a Redis Cluster's
+	// (redis://host:port?addr=host2:port2); with an empty RedisURL the
+	// throwaway server is a one-node cluster.
+	RedisCluster bool
 	// AllowRemote permits a RedisURL that is not on loopback.
 	AllowRemote bool
 	// OutDir receives results.json, results.csv, summary.md and plots/.
@@ -138,7 +142,7 @@ func newHarness(ctx context.Context, cfg *Config, env *report.Env) (h *harness, 
 		}
 	}
 	if slices.ContainsFunc(cfg.Strategies, func(s Strategy) bool { return s.Redis }) {
-		srv, err := startRedis(ctx, cfg.RedisURL, cfg.AllowRemote)
+		srv, err := startRedis(ctx, cfg.RedisURL, cfg.RedisCluster, cfg.AllowRemote)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -167,13 +171,13 @@ type harness struct {
 }
 
 // run measures one cell on one strategy in a fresh key space and removes
-// that key space afterwards.
-func (h *harness) run(ctx context.Context, cellIndex int, cell Cell, s Strategy) (report.Run, error) {
+// that key space afterwards; a failed removal is an error.
+func (h *harness) run(ctx context.Context, cellIndex int, cell Cell, s Strategy) (_ report.Run, err error) {
 	h.runs++
 	spec := cell.Spec
 	loc := location{PoolSize: share(spec, cell.Procs, 0).Workers + 2}
 	if s.Redis {
-		loc.RedisURL = h.redis.url
+		loc.RedisURL, loc.Cluster = h.redis.url, h.redis.cluster
 		loc.Prefix = fmt.Sprintf("credpool-bench-%d-%d", h.id, h.runs)
 	} else {
 		loc.Path = filepath.Join(h.tmp, fmt.Sprintf("run-%d.db", h.runs))
@@ -185,7 +189,7 @@ func (h *harness) run(ctx context.Context, cellIndex int, cell Cell, s Strategy)
 	defer c.close()
 	if s.Redis {
 		// Removed even if the run fails half-way; nothing else uses the prefix.
-		defer func() { _ = h.redis.dropPrefix(context.WithoutCancel(ctx), loc.Prefix) }()
+		defer func() { err = errors.Join(err, h.redis.dropPrefix(context.WithoutCancel(ctx), loc.Prefix)) }()
 	}
 	if err := syncKeys(ctx, c.store, spec); err != nil {
 		return report.Run{}, err

@@ -91,7 +91,7 @@ func TestCommandStats(t *testing.T) {
 
 func TestLoopback(t *testing.T) {
 	for addr, want := range map[string]bool{
-		"127.0.0.1:6379": true, "127.3.2.1:6379": true, "[::1]:6379": true, "localhost:6379": true,
+		"127.0.0.1:6379": true, "127.3.2.1:6379": true, "[::1]:6379": true, "localhost:6379": true, ":6379": true,
 		"10.0.0.5:6379": false, "redis.example.com:6379": false, "192.168.1.2:6379": false,
 	} {
 		require.Equal(t, want, loopback(&redis.Options{Addr: addr}), addr)

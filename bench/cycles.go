@@ -144,26 +144,28 @@ func mustJSON(v any) []byte {
 	return b
 }
 
-// drive runs spec.Workers callers against the service for spec.Duration
-// (or until ctx ends) in a closed loop: allocate, and when granted report
-// success at once, which releases; after any other answer pause as after
-// "no slot". ids are the loaded keys, in the holder count's order. A cycle
-// started before the end is finished, so no slot is left held.
-func (s *service) drive(ctx context.Context, spec workload.Spec, ids []string, seed uint64) report.ServiceRun {
+// drive runs spec.Workers callers against the service instances svcs,
+// caller w calling svcs[w % len(svcs)], for spec.Duration (or until ctx
+// ends) in a closed loop: allocate, and when granted report success at
+// once, which releases; after any other answer pause as after "no slot".
+// ids are the loaded keys, in the holder count's order. A cycle started
+// before the end is finished, so no slot is left held.
+func drive(ctx context.Context, svcs []*service, spec workload.Spec, ids []string, seed uint64) report.ServiceRun {
 	d := &driver{
-		s: s, spec: spec, index: map[string]int{}, holders: workload.NewHolders(len(ids), spec.Limit),
+		spec: spec, index: map[string]int{}, holders: workload.NewHolders(len(ids), spec.Limit),
 		allocate: allocateRequest(int(spec.TTL / time.Second)),
 	}
 	for i, id := range ids {
 		d.index[id] = i
 	}
 	callers := make([]*caller, spec.Workers)
-	dials := s.dials.Load()
+	dials := totalDials(svcs)
 	start := time.Now()
 	deadline := start.Add(spec.Duration)
 	var wg sync.WaitGroup
 	for w := range callers {
 		c := &caller{
+			s:        svcs[w%len(svcs)],
 			run:      report.ServiceRun{AllocateStatus: map[string]int64{}, ReportStatus: map[string]int64{}},
 			rng:      rand.New(rand.NewPCG(seed, uint64(w))),
 			allocLat: workload.NewHistogram(), reportLat: workload.NewHistogram(),
@@ -174,29 +176,44 @@ func (s *service) drive(ctx context.Context, spec workload.Spec, ids []string, s
 	wg.Wait()
 	elapsed := time.Since(start)
 
+	perInstance := make([]int64, len(svcs))
+	for w, c := range callers {
+		perInstance[w%len(svcs)] += c.run.Cycles
+	}
 	out := callers[0]
 	for _, c := range callers[1:] {
 		out.merge(c)
 	}
 	run := out.run
+	run.InstanceCycles = perInstance
 	run.ElapsedSeconds = elapsed.Seconds()
 	run.CyclesPerSec = float64(run.Cycles) / elapsed.Seconds()
-	run.Dials = s.dials.Load() - dials
+	run.Dials = totalDials(svcs) - dials
 	run.AllocateLatency, run.ReportLatency = latency(out.allocLat), latency(out.reportLat)
 	return run
 }
 
+// totalDials is the connections opened to any of svcs so far.
+func totalDials(svcs []*service) int64 {
+	var n int64
+	for _, s := range svcs {
+		n += s.dials.Load()
+	}
+	return n
+}
+
 // driver is what the callers of one drive share.
 type driver struct {
-	s        *service
 	spec     workload.Spec
 	index    map[string]int // read-only during the run
 	holders  *workload.Holders
 	allocate []byte
 }
 
-// caller is one caller's tally, merged into the first after the run.
+// caller is one caller's instance and tally, merged into the first after
+// the run.
 type caller struct {
+	s                   *service
 	run                 report.ServiceRun // counts only
 	rng                 *rand.Rand
 	allocLat, reportLat *workload.Histogram
@@ -205,7 +222,7 @@ type caller struct {
 func (d *driver) loop(ctx context.Context, c *caller, deadline time.Time) {
 	for time.Now().Before(deadline) && ctx.Err() == nil {
 		start := time.Now()
-		code, body, err := d.s.call(ctx, "allocate-key", d.allocate)
+		code, body, err := c.s.call(ctx, "allocate-key", d.allocate)
 		if err != nil && ctx.Err() != nil {
 			return // cut short by the harness's caller, not the service's doing
 		}
@@ -252,7 +269,7 @@ func (d *driver) sendReport(ctx context.Context, c *caller, g grantAnswer) bool 
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), httpTimeout)
 	defer cancel()
 	start := time.Now()
-	code, body, err := d.s.call(rctx, "report", reportRequest(g))
+	code, body, err := c.s.call(rctx, "report", reportRequest(g))
 	c.run.ReportCalls++
 	c.run.ReportStatus[statusKey(code, err)]++
 	var a reportAnswer

@@ -14,7 +14,10 @@
 // RunService is the service benchmark: credpool serve (ServiceConfig.Serve,
 // credpool's own binary again) as a process on loopback, on SQLite or on
 // Redis, driven over HTTP through allocate and report cycles, against the
-// same lease store alone under the harness, in the same run.
+// same lease store alone under the harness, in the same run. Its catalog is
+// a SQLite file or a database on a throwaway PostgreSQL server, and
+// several instances can share it (ServiceConfig.Instances), measured side
+// by side with one.
 //
 // The workload itself is package workload; the outputs are package report.
 package bench

@@ -7,6 +7,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/redis/go-redis/v9"
 
@@ -15,48 +16,58 @@ import (
 
 // server is the Redis the Redis strategies share for a harness run.
 type server struct {
-	url   string
-	where string // for the report
-	admin *redis.Client
+	url string
+	// cluster says url is a Redis Cluster's (redis://host:port?addr=...).
+	cluster bool
+	where   string // for the report
+	// admin is a *redis.ClusterClient on a cluster, else a *redis.Client.
+	admin redis.UniversalClient
 	stop  func()
 }
 
-// startRedis connects to rawURL, or with an empty one starts a throwaway
-// redis-server on loopback that stop kills. A server off loopback is
+// startRedis connects to rawURL, a cluster's if cluster is set, or with an
+// empty one starts a throwaway redis-server on loopback (a one-node
+// cluster if cluster is set) that stop kills. A server off loopback is
 // refused unless allowRemote: the harness loads it as hard as it can.
-func startRedis(ctx context.Context, rawURL string, allowRemote bool) (*server, error) {
-	s := &server{url: rawURL, stop: func() {}}
+func startRedis(ctx context.Context, rawURL string, cluster, allowRemote bool) (*server, error) {
+	s := &server{url: rawURL, cluster: cluster, stop: func() {}}
 	if rawURL == "" {
 		dir, err := os.MkdirTemp("", "credpool-bench-redis-")
 		if err != nil {
 			return nil, fmt.Errorf("bench: %w", err)
 		}
-		srv, err := redisproc.Run(dir, false)
+		srv, err := redisproc.Run(dir, cluster)
 		if err != nil {
 			_ = os.RemoveAll(dir)
 			return nil, fmt.Errorf("bench: start redis-server: %w", err)
 		}
 		s.url = "redis://" + srv.Addr
 		s.where = "redis-server started by the harness on " + srv.Addr
+		if cluster {
+			s.where = "one-node Redis Cluster started by the harness on " + srv.Addr
+		}
 		s.stop = func() {
 			srv.Stop()
 			_ = os.RemoveAll(dir)
 		}
 	}
-	opt, err := redis.ParseURL(s.url)
+	seeds, err := s.connect()
 	if err != nil {
 		s.stop()
-		return nil, fmt.Errorf("bench: --redis: %w", err)
+		return nil, err
 	}
 	if rawURL != "" {
-		if !allowRemote && !loopback(opt) {
-			s.stop()
-			return nil, fmt.Errorf("bench: redis at %s is not on loopback; pass --allow-remote to load it anyway", opt.Addr)
+		for _, seed := range seeds {
+			if !allowRemote && !loopback(seed) {
+				s.stop()
+				return nil, fmt.Errorf("bench: redis at %s is not on loopback; pass --allow-remote to load it anyway", seed.Addr)
+			}
 		}
-		s.where = opt.Addr
+		s.where = seeds[0].Addr
+		if cluster {
+			s.where = "Redis Cluster at " + seeds[0].Addr
+		}
 	}
-	opt.PoolSize = 2
-	s.admin = redis.NewClient(opt)
 	stop := s.stop
 	s.stop = func() {
 		_ = s.admin.Close()
@@ -64,9 +75,56 @@ func startRedis(ctx context.Context, rawURL string, allowRemote bool) (*server, 
 	}
 	if err := s.admin.Ping(ctx).Err(); err != nil {
 		s.stop()
-		return nil, fmt.Errorf("bench: redis at %s: %w", opt.Addr, err)
+		return nil, fmt.Errorf("bench: redis at %s: %w", seeds[0].Addr, err)
+	}
+	if cluster && rawURL != "" && !allowRemote {
+		// The seeds were on loopback; the masters they name must be too.
+		err := s.forEachNode(ctx, func(_ context.Context, node *redis.Client) error {
+			if !loopback(node.Options()) {
+				return fmt.Errorf("bench: cluster node %s is not on loopback; pass --allow-remote to load it anyway", node.Options().Addr)
+			}
+			return nil
+		})
+		if err != nil {
+			s.stop()
+			return nil, err
+		}
 	}
 	return s, nil
+}
+
+// connect opens the admin client of s.url and returns the servers the URL
+// names: a cluster's seeds, or the one server.
+func (s *server) connect() ([]*redis.Options, error) {
+	if s.cluster {
+		opt, err := redis.ParseClusterURL(s.url)
+		if err != nil {
+			return nil, fmt.Errorf("bench: --redis (a cluster URL with --redis-cluster): %w", err)
+		}
+		opt.PoolSize = 2
+		s.admin = redis.NewClusterClient(opt)
+		seeds := make([]*redis.Options, len(opt.Addrs))
+		for i, a := range opt.Addrs {
+			seeds[i] = &redis.Options{Addr: a}
+		}
+		return seeds, nil
+	}
+	opt, err := redis.ParseURL(s.url)
+	if err != nil {
+		return nil, fmt.Errorf("bench: --redis: %w", err)
+	}
+	opt.PoolSize = 2
+	s.admin = redis.NewClient(opt)
+	return []*redis.Options{opt}, nil
+}
+
+// forEachNode runs fn on every node that holds keys: each master of a
+// cluster, or the one server.
+func (s *server) forEachNode(ctx context.Context, fn func(ctx context.Context, node *redis.Client) error) error {
+	if c, ok := s.admin.(*redis.ClusterClient); ok {
+		return c.ForEachMaster(ctx, fn)
+	}
+	return fn(ctx, s.admin.(*redis.Client))
 }
 
 // loopback reports whether opt points at this machine.
@@ -78,7 +136,9 @@ func loopback(opt *redis.Options) bool {
 	if err != nil {
 		return false
 	}
-	if host == "localhost" {
+	// No host dials this machine; a cluster node names itself so when
+	// it was never told its address.
+	if host == "" || host == "localhost" {
 		return true
 	}
 	ip := net.ParseIP(host)
@@ -100,19 +160,35 @@ func (s *server) version(ctx context.Context) (string, error) {
 }
 
 // uncounted are the commands left out of commands per grant: connection
-// set-up by new pooled connections, and the harness's own INFO.
+// set-up by new pooled connections, a cluster client's reads of the slot
+// map, and the harness's own INFO.
 var uncounted = map[string]bool{
 	"info": true, "hello": true, "ping": true, "select": true, "auth": true,
 	"client|setinfo": true, "client|setname": true, "command|docs": true,
+	"cluster|slots": true, "cluster|shards": true, "cluster|nodes": true, "readonly": true,
 }
 
-// commandStats reads the calls per command from INFO commandstats.
+// commandStats reads the calls per command from INFO commandstats, summed
+// over a cluster's masters (replicas only repeat their masters' writes).
 func (s *server) commandStats(ctx context.Context) (map[string]int64, error) {
-	info, err := s.admin.Info(ctx, "commandstats").Result()
+	var mu sync.Mutex
+	calls := map[string]int64{}
+	err := s.forEachNode(ctx, func(ctx context.Context, node *redis.Client) error {
+		info, err := node.Info(ctx, "commandstats").Result()
+		if err != nil {
+			return err
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		for name, n := range parseCommandStats(info) {
+			calls[name] += n
+		}
+		return nil
+	})
 	if err != nil {
 		return nil, fmt.Errorf("bench: INFO commandstats: %w", err)
 	}
-	return parseCommandStats(info), nil
+	return calls, nil
 }
 
 // parseCommandStats reads lines like
@@ -151,31 +227,43 @@ func commandDelta(before, after map[string]int64) (map[string]int64, int64) {
 	return delta, total
 }
 
-// dropPrefix deletes every key under prefix, so a run leaves nothing behind
-// on a server it did not start.
+// dropBatch bounds the UNLINKs of one pipeline in dropPrefix.
+const dropBatch = 500
+
+// dropPrefix deletes every key under prefix on every node, so a run leaves
+// nothing behind on a server it did not start. One UNLINK per key, in
+// pipelines: a cluster refuses a command whose keys span slots (CROSSSLOT).
 func (s *server) dropPrefix(ctx context.Context, prefix string) error {
-	iter := s.admin.Scan(ctx, 0, prefix+":*", 1000).Iterator()
-	var batch []string
-	flush := func() error {
-		if len(batch) == 0 {
-			return nil
+	err := s.forEachNode(ctx, func(ctx context.Context, node *redis.Client) error {
+		iter := node.Scan(ctx, 0, prefix+":*", 1000).Iterator()
+		var batch []string
+		flush := func() error {
+			if len(batch) == 0 {
+				return nil
+			}
+			_, err := node.Pipelined(ctx, func(p redis.Pipeliner) error {
+				for _, key := range batch {
+					p.Unlink(ctx, key)
+				}
+				return nil
+			})
+			batch = batch[:0]
+			return err
 		}
-		err := s.admin.Unlink(ctx, batch...).Err()
-		batch = batch[:0]
-		return err
-	}
-	for iter.Next(ctx) {
-		batch = append(batch, iter.Val())
-		if len(batch) == 500 {
-			if err := flush(); err != nil {
-				return fmt.Errorf("bench: clean up %s: %w", prefix, err)
+		for iter.Next(ctx) {
+			batch = append(batch, iter.Val())
+			if len(batch) == dropBatch {
+				if err := flush(); err != nil {
+					return err
+				}
 			}
 		}
-	}
-	if err := iter.Err(); err != nil {
-		return fmt.Errorf("bench: clean up %s: %w", prefix, err)
-	}
-	if err := flush(); err != nil {
+		if err := iter.Err(); err != nil {
+			return err
+		}
+		return flush()
+	})
+	if err != nil {
 		return fmt.Errorf("bench: clean up %s: %w", prefix, err)
 	}
 	return nil

@@ -33,9 +33,9 @@ const (
 	httpTimeout = 30 * time.Second
 )
 
-// service is one "credpool serve" process on loopback, with its catalog
-// and log in a temp directory of its own, and the HTTP client that drives
-// it. Its methods are safe for concurrent use, but stop is called once.
+// service is one "credpool serve" process on loopback, with its log in a
+// temp directory of its own, and the HTTP client that drives it. Its
+// methods are safe for concurrent use, but stop is called once.
 type service struct {
 	cmd    *exec.Cmd
 	dir    string
@@ -50,17 +50,35 @@ type service struct {
 	dials           atomic.Int64
 }
 
-// startService runs argv (credpool's "serve") with env added to this
-// process's environment minus every CREDPOOL_ variable, so that only the
-// harness configures it: a fresh catalog file, the keys, and leases in
-// redisURL, or with an empty one in the catalog's file. It returns once
-// /readyz says ok; conns sizes the client's idle connections.
-func startService(ctx context.Context, argv, env []string, redisURL string, conns int) (_ *service, err error) {
+// serveOptions is how the harness starts credpool serve. The instances of
+// one run get the same, so that they share the catalog, the lease store
+// and the keys.
+type serveOptions struct {
+	// argv is the command line of "credpool serve"; env is added to this
+	// process's environment minus every CREDPOOL_ variable, so that only
+	// the harness configures it.
+	argv, env []string
+	// db is the catalog: a SQLite file or a PostgreSQL URL.
+	db string
+	// redisURL holds the leases (a cluster's if cluster is set); empty
+	// keeps them in the SQLite catalog's file.
+	redisURL string
+	cluster  bool
+	// internal and admin are the API keys, secret the CREDPOOL_SECRET_KEY
+	// that seals the catalog's credentials.
+	internal, admin, secret string
+	// conns sizes the client's idle connections.
+	conns int
+}
+
+// startService runs credpool serve as o says, listening on a free
+// loopback port, and returns once /readyz says ok.
+func startService(ctx context.Context, o serveOptions) (_ *service, err error) {
 	dir, err := os.MkdirTemp("", "credpool-bench-serve-")
 	if err != nil {
 		return nil, fmt.Errorf("bench: %w", err)
 	}
-	s := &service{dir: dir, internal: randomHex(), admin: randomHex(), exited: make(chan struct{})}
+	s := &service{dir: dir, internal: o.internal, admin: o.admin, exited: make(chan struct{})}
 	defer func() {
 		if err != nil {
 			_ = s.stop() // err says what went wrong
@@ -69,19 +87,23 @@ func startService(ctx context.Context, argv, env []string, redisURL string, conn
 	if s.log, err = os.Create(filepath.Join(dir, "serve.log")); err != nil {
 		return s, fmt.Errorf("bench: %w", err)
 	}
-	vars := []string{"CREDPOOL_INTERNAL_KEY=" + s.internal, "CREDPOOL_ADMIN_KEY=" + s.admin, "CREDPOOL_SECRET_KEY=" + secretKey()}
-	if redisURL != "" {
-		// In the environment: a URL may carry a password, and flags show in ps.
-		vars = append(vars, "CREDPOOL_REDIS_URL="+redisURL)
+	// In the environment: a URL may carry a password, and flags show in ps.
+	vars := []string{"CREDPOOL_INTERNAL_KEY=" + o.internal, "CREDPOOL_ADMIN_KEY=" + o.admin, "CREDPOOL_SECRET_KEY=" + o.secret,
+		"CREDPOOL_DB=" + o.db}
+	if o.redisURL != "" {
+		vars = append(vars, "CREDPOOL_REDIS_URL="+o.redisURL)
+		if o.cluster {
+			vars = append(vars, "CREDPOOL_REDIS_CLUSTER=true")
+		}
 	}
-	args := append(append([]string{}, argv[1:]...), "--listen", "127.0.0.1:0", "--db", filepath.Join(dir, "catalog.db"))
-	s.cmd = exec.Command(argv[0], args...)
-	s.cmd.Env = append(append(withoutCredpoolVars(os.Environ()), env...), vars...)
+	args := append(append([]string{}, o.argv[1:]...), "--listen", "127.0.0.1:0")
+	s.cmd = exec.Command(o.argv[0], args...)
+	s.cmd.Env = append(append(withoutCredpoolVars(os.Environ()), o.env...), vars...)
 	// Request logs go to a file: the harness spends no CPU on them.
 	s.cmd.Stdout, s.cmd.Stderr = s.log, s.log
 	dieWithParent(s.cmd)
 	if err := s.cmd.Start(); err != nil {
-		return s, fmt.Errorf("bench: start %s: %w", argv[0], err)
+		return s, fmt.Errorf("bench: start %s: %w", o.argv[0], err)
 	}
 	go func() {
 		s.err = s.cmd.Wait()
@@ -92,7 +114,7 @@ func startService(ctx context.Context, argv, env []string, redisURL string, conn
 			s.dials.Add(1)
 			return (&net.Dialer{Timeout: 5 * time.Second}).DialContext(ctx, network, addr)
 		},
-		MaxIdleConnsPerHost: conns,
+		MaxIdleConnsPerHost: o.conns,
 		IdleConnTimeout:     90 * time.Second,
 		DisableCompression:  true,
 	}

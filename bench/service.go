@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"path/filepath"
 	"slices"
 	"time"
 
 	"github.com/credpool/credpool/bench/report"
 	"github.com/credpool/credpool/bench/workload"
+	"github.com/credpool/credpool/internal/pgproc"
 )
 
 const (
@@ -22,6 +24,16 @@ const (
 	serviceWarmUp = 500 * time.Millisecond
 )
 
+// The catalogs credpool serve keeps its keys in (ServiceConfig.Catalog).
+const (
+	// CatalogSQLite is a file in the harness's temp directory, which the
+	// instances share on this host.
+	CatalogSQLite = "sqlite"
+	// CatalogPostgres is a fresh database per strategy on a throwaway
+	// PostgreSQL server on loopback; it needs a Redis lease store.
+	CatalogPostgres = "postgres"
+)
+
 // ServiceConfig is one service benchmark: credpool serve, run as its own
 // process and driven over HTTP, against its lease store alone under the
 // harness, cell by cell in the same run.
@@ -29,6 +41,17 @@ type ServiceConfig struct {
 	// Strategies are the lease stores to run the service on, in this
 	// order; each is measured alone too. See ServiceStrategies.
 	Strategies []Strategy
+	// Catalog is where the service keeps its catalog: CatalogSQLite or
+	// CatalogPostgres.
+	//
+	// default: CatalogSQLite
+	Catalog string
+	// Instances are the numbers of credpool serve processes, sharing the
+	// catalog and the lease store, that every cell is measured with, in
+	// the same repetitions; the callers are spread round-robin over them.
+	//
+	// default: [1]
+	Instances []int
 	// Keys is the number of keys, all in one provider, pool and model.
 	Keys int
 	// Every cell is one limit (every key's max_concurrent_uses) with one
@@ -36,8 +59,9 @@ type ServiceConfig struct {
 	Limits, Workers []int
 	// Duration is the length of each run, of the service and of the store.
 	Duration time.Duration
-	// Reps is how many times each cell runs, the service first in odd
-	// repetitions and the store first in even ones.
+	// Reps is how many times each cell runs, the service first (fewest
+	// instances first) in odd repetitions and the store first in even
+	// ones.
 	Reps int
 	// TTL is the lease length, in whole seconds (lease_seconds); it must
 	// outlast any cycle by far.
@@ -48,6 +72,10 @@ type ServiceConfig struct {
 	// RedisURL is the server of a Redis strategy, used by the service and
 	// the store alone. Empty starts a throwaway redis-server on loopback.
 	RedisURL string
+	// RedisCluster reads RedisURL as a Redis Cluster's, for the service
+	// (--redis-cluster) and the store alone; with an empty RedisURL the
+	// throwaway server is a one-node cluster.
+	RedisCluster bool
 	// AllowRemote permits a RedisURL that is not on loopback.
 	AllowRemote bool
 	// OutDir receives results.json and summary.md. Empty writes no files.
@@ -55,8 +83,9 @@ type ServiceConfig struct {
 	// Seed makes the callers' choices reproducible.
 	Seed uint64
 	// Serve is the command line of "credpool serve", to which the harness
-	// adds --listen and --db. ServeEnv is added to its environment, which
-	// keeps none of this process's CREDPOOL_ variables.
+	// adds --listen; the catalog, Redis and the keys go in its environment.
+	// ServeEnv is added to that environment, which keeps none of this
+	// process's CREDPOOL_ variables.
 	Serve    []string
 	ServeEnv []string
 	// Args is the command line the report records.
@@ -73,9 +102,28 @@ func ServiceStrategies() []Strategy {
 	return slices.DeleteFunc(Strategies(), func(s Strategy) bool { return s.Name != "sqlite" && s.Name != "optimistic" })
 }
 
+// withDefaults is cfg with the defaults of the fields left empty.
+func (cfg ServiceConfig) withDefaults() ServiceConfig {
+	if cfg.Catalog == "" {
+		cfg.Catalog = CatalogSQLite
+	}
+	if len(cfg.Instances) == 0 {
+		cfg.Instances = []int{1}
+	}
+	return cfg
+}
+
+// Runs is the number of measured runs: per cell and repetition, one of
+// the service at every instance count and one of the store.
+func (cfg ServiceConfig) Runs() int {
+	cfg = cfg.withDefaults()
+	return cfg.Reps * len(cfg.Strategies) * len(cfg.Limits) * len(cfg.Workers) * (len(cfg.Instances) + 1)
+}
+
 // Validate returns an error naming the first field out of range; it does
 // not look at Serve.
 func (cfg ServiceConfig) Validate() error {
+	cfg = cfg.withDefaults()
 	switch {
 	case len(cfg.Strategies) == 0:
 		return errors.New("bench: service: no lease store to run on")
@@ -93,19 +141,34 @@ func (cfg ServiceConfig) Validate() error {
 		return fmt.Errorf("bench: service: ttl %v: the service takes whole seconds (lease_seconds), at least 1s", cfg.TTL)
 	case cfg.Pause < 0:
 		return errors.New("bench: service: pause must not be negative")
+	case cfg.Catalog != CatalogSQLite && cfg.Catalog != CatalogPostgres:
+		return fmt.Errorf("bench: service: unknown catalog %q (have %s, %s)", cfg.Catalog, CatalogSQLite, CatalogPostgres)
+	case slices.Min(cfg.Instances) < 1:
+		return errors.New("bench: service: instances must be at least 1")
+	}
+	for i, n := range cfg.Instances {
+		if slices.Contains(cfg.Instances[:i], n) {
+			return fmt.Errorf("bench: service: %d instances listed twice", n)
+		}
 	}
 	for _, s := range cfg.Strategies {
 		if !slices.ContainsFunc(ServiceStrategies(), func(t Strategy) bool { return t.Name == s.Name }) {
 			return fmt.Errorf("bench: service: credpool serve has no %s lease store (have %s)", s.Name, strategyNames(ServiceStrategies()))
 		}
+		if !s.Redis && cfg.Catalog == CatalogPostgres {
+			return fmt.Errorf("bench: service: the %s lease store lives in a SQLite catalog's file, so credpool serve "+
+				"refuses it with a PostgreSQL catalog: use a Redis store (-strategies optimistic)", s.Name)
+		}
 	}
 	return nil
 }
 
-// RunService measures every cell on every strategy: it starts credpool
-// serve on the strategy's store, loads the keys through the admin API,
-// runs the service unmeasured for a moment, and in each repetition runs the service's closed loop (allocate, then report
-// success, which releases) and the store's alone (Allocate, then Release
+// RunService measures every cell on every strategy: it starts the most
+// instances of credpool serve on the strategy's store and a fresh
+// catalog, loads the keys through the first one's admin API, runs the
+// service unmeasured for a moment, and in each repetition runs the
+// service's closed loop (allocate, then report success, which releases)
+// at every instance count and the store's alone (Allocate, then Release
 // at once) with the same keys, limit and callers. Then it stops the
 // service, removes everything it started or wrote but the reports, and
 // writes those. It returns an error wrapping ErrOversold, with the report,
@@ -114,21 +177,29 @@ func RunService(ctx context.Context, cfg ServiceConfig) (*report.ServiceReport, 
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	cfg = cfg.withDefaults()
 	if len(cfg.Serve) == 0 {
 		return nil, errors.New("bench: service: no command line for credpool serve")
 	}
 	rep := &report.ServiceReport{}
 	h, done, err := newHarness(ctx, &Config{
-		Strategies: cfg.Strategies, RedisURL: cfg.RedisURL, AllowRemote: cfg.AllowRemote, Seed: cfg.Seed, Args: cfg.Args,
+		Strategies: cfg.Strategies, RedisURL: cfg.RedisURL, RedisCluster: cfg.RedisCluster, AllowRemote: cfg.AllowRemote, Seed: cfg.Seed, Args: cfg.Args,
 	}, &rep.Env)
 	if err != nil {
 		return nil, err
 	}
 	defer done()
+	var pg *pgproc.Server
+	if cfg.Catalog == CatalogPostgres {
+		if pg, rep.Postgres, err = startPostgres(ctx); err != nil {
+			return nil, err
+		}
+		defer pg.Stop()
+	}
 
-	prog := newProgress(cfg.Progress, 2*cfg.Reps*len(cfg.Strategies)*len(cfg.Limits)*len(cfg.Workers))
+	prog := newProgress(cfg.Progress, cfg.Runs())
 	for _, s := range cfg.Strategies {
-		cells, err := serviceCells(ctx, cfg, h, s, prog)
+		cells, err := serviceCells(ctx, cfg, h, pg, s, prog)
 		rep.Cells = append(rep.Cells, cells...)
 		if err != nil {
 			prog.close()
@@ -152,18 +223,36 @@ func RunService(ctx context.Context, cfg ServiceConfig) (*report.ServiceReport, 
 	return rep, nil
 }
 
-// serviceCells runs every cell of one strategy on one credpool serve
-// process, which it stops at the end.
-func serviceCells(ctx context.Context, cfg ServiceConfig, h *harness, s Strategy, prog *progress) (_ []report.ServiceCell, err error) {
-	var redisURL string
+// serviceCells runs every cell of one strategy on credpool serve
+// processes sharing a fresh catalog (on pg for CatalogPostgres), which it
+// stops at the end.
+func serviceCells(ctx context.Context, cfg ServiceConfig, h *harness, pg *pgproc.Server, s Strategy, prog *progress) (_ []report.ServiceCell, err error) {
+	o := serveOptions{
+		argv: cfg.Serve, env: cfg.ServeEnv, db: filepath.Join(h.tmp, "catalog-"+s.Name+".db"),
+		internal: randomHex(), admin: randomHex(), secret: secretKey(), conns: slices.Max(cfg.Workers),
+	}
+	if pg != nil {
+		if o.db, err = newCatalogDB(ctx, pg, fmt.Sprintf("bench_%d_%s", h.id, s.Name)); err != nil {
+			return nil, err
+		}
+	}
 	if s.Redis {
-		redisURL = h.redis.url
+		o.redisURL, o.cluster = h.redis.url, cfg.RedisCluster
 	}
-	svc, err := startService(ctx, cfg.Serve, cfg.ServeEnv, redisURL, slices.Max(cfg.Workers))
-	if err != nil {
-		return nil, err
+	var svcs []*service
+	defer func() {
+		for _, svc := range slices.Backward(svcs) {
+			err = errors.Join(err, svc.stop())
+		}
+	}()
+	// One after the other: the first migrates the fresh catalog.
+	for range slices.Max(cfg.Instances) {
+		svc, err := startService(ctx, o)
+		if err != nil {
+			return nil, err
+		}
+		svcs = append(svcs, svc)
 	}
-	defer func() { err = errors.Join(err, svc.stop()) }()
 	// Ids of this run alone: a Redis the harness did not start may hold
 	// another service's keys.
 	ids := make([]string, cfg.Keys)
@@ -173,76 +262,119 @@ func serviceCells(ctx context.Context, cfg ServiceConfig, h *harness, s Strategy
 	defer func() {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 		defer cancel()
-		err = errors.Join(err, svc.deleteKeys(cctx, ids))
+		err = errors.Join(err, svcs[0].deleteKeys(cctx, ids))
 	}()
 	var cells []report.ServiceCell
+	index := 0
 	for _, limit := range cfg.Limits {
 		for _, workers := range cfg.Workers {
 			spec := workload.Spec{
 				Keys: cfg.Keys, Limit: limit, Candidates: cfg.Keys, Choice: workload.Uniform, Order: workload.Ranked,
 				Workers: workers, HoldDist: workload.Fixed, Duration: cfg.Duration, TTL: cfg.TTL, Pause: cfg.Pause,
 			}
-			cell, err := serviceCell(ctx, cfg, h, s, svc, spec, ids, len(cells), prog)
+			more, err := serviceCell(ctx, cfg, h, s, svcs, spec, ids, index, prog)
 			if err != nil {
 				return cells, err
 			}
-			cells = append(cells, cell)
+			cells = append(cells, more...)
+			index++
 		}
 	}
 	return cells, nil
 }
 
-// serviceCell measures one cell Reps times, alternating which of the
-// service and the store runs first. index numbers the cell for the seeds.
-func serviceCell(ctx context.Context, cfg ServiceConfig, h *harness, s Strategy, svc *service, spec workload.Spec,
-	ids []string, index int, prog *progress) (report.ServiceCell, error) {
-	cell := report.ServiceCell{
-		Strategy: s.Name, Keys: spec.Keys, Limit: spec.Limit, Workers: spec.Workers,
-		Duration: spec.Duration.String(), LeaseSeconds: int(spec.TTL / time.Second), Pause: spec.Pause.String(),
-	}
+// serviceCell measures one cell Reps times at every instance count, and
+// the store alone, and returns one cell per instance count. A repetition
+// runs the service at each count, fewest first, then the store, or all in
+// the reverse order, alternately. svcs are the running instances, of
+// which a run at n uses the first n; index numbers the cell for the seeds.
+func serviceCell(ctx context.Context, cfg ServiceConfig, h *harness, s Strategy, svcs []*service, spec workload.Spec,
+	ids []string, index int, prog *progress) ([]report.ServiceCell, error) {
 	if err := spec.Validate(); err != nil {
-		return cell, fmt.Errorf("bench: service: %w", err)
+		return nil, fmt.Errorf("bench: service: %w", err)
 	}
-	if err := svc.loadKeys(ctx, ids, spec.Limit); err != nil {
-		return cell, err
+	counts := slices.Sorted(slices.Values(cfg.Instances))
+	cells := make([]report.ServiceCell, len(counts))
+	for i, n := range counts {
+		cells[i] = report.ServiceCell{
+			Strategy: s.Name, Catalog: cfg.Catalog, Instances: n, Keys: spec.Keys, Limit: spec.Limit, Workers: spec.Workers,
+			Duration: spec.Duration.String(), LeaseSeconds: int(spec.TTL / time.Second), Pause: spec.Pause.String(),
+		}
 	}
-	if err := svc.check(ctx, cell.LeaseSeconds); err != nil {
-		return cell, err
+	if err := svcs[0].loadKeys(ctx, ids, spec.Limit); err != nil {
+		return nil, err
 	}
-	svc.warm(ctx, spec.Workers)
+	// Every instance grants from the catalog the first one wrote.
+	for _, svc := range svcs {
+		if err := svc.check(ctx, cells[0].LeaseSeconds); err != nil {
+			return nil, err
+		}
+	}
 	warmUp := spec
 	warmUp.Duration = min(spec.Duration, serviceWarmUp)
-	svc.drive(ctx, warmUp, ids, cfg.Seed)
+	for _, n := range counts {
+		for i, svc := range svcs[:n] {
+			svc.warm(ctx, callersOf(i, n, spec.Workers))
+		}
+		drive(ctx, svcs[:n], warmUp, ids, cfg.Seed)
+	}
 	for r := range cfg.Reps {
-		label := fmt.Sprintf("%s limit=%d workers=%d rep %d/%d", s.Name, spec.Limit, spec.Workers, r+1, cfg.Reps)
 		seed := cfg.Seed + uint64(index*cfg.Reps+r)<<16
-		rep := report.ServiceRep{ServiceFirst: r%2 == 0}
-		for turn := range 2 {
-			if (turn == 0) == rep.ServiceFirst {
-				prog.start("service " + label)
-				rep.Service = svc.drive(ctx, spec, ids, seed)
-				prog.finish("service "+label, serviceSummary(rep.Service))
+		label := fmt.Sprintf("limit=%d workers=%d rep %d/%d", spec.Limit, spec.Workers, r+1, cfg.Reps)
+		runs := make([]report.ServiceRun, len(counts))
+		var store report.Run
+		// Turn i < len(counts) is the service at counts[i], the last the store.
+		turns := make([]int, len(counts)+1)
+		for i := range turns {
+			turns[i] = i
+		}
+		if r%2 == 1 {
+			slices.Reverse(turns)
+		}
+		for _, i := range turns {
+			if i < len(counts) {
+				what := fmt.Sprintf("service %s on %s × %d %s", s.Name, cfg.Catalog, counts[i], label)
+				prog.start(what)
+				runs[i] = drive(ctx, svcs[:counts[i]], spec, ids, seed)
+				prog.finish(what, serviceSummary(runs[i]))
 				continue
 			}
-			prog.start("store " + label)
+			what := fmt.Sprintf("store %s %s", s.Name, label)
+			prog.start(what)
 			run, err := h.run(ctx, index*cfg.Reps+r, Cell{Scenario: "service", Spec: spec, Procs: 1}, s)
 			if err != nil {
-				return cell, fmt.Errorf("store %s: %w", label, err)
+				return nil, fmt.Errorf("%s: %w", what, err)
 			}
-			rep.Store = run
-			prog.finish("store "+label, summary(run))
+			store = run
+			prog.finish(what, summary(run))
 		}
 		if err := ctx.Err(); err != nil {
-			return cell, err
+			return nil, err
 		}
-		if rep.Store.GrantsPerSec == 0 {
-			return cell, fmt.Errorf("bench: store %s granted nothing (first error: %s)", label, rep.Store.FirstError)
+		if store.GrantsPerSec == 0 {
+			return nil, fmt.Errorf("bench: store %s %s granted nothing (first error: %s)", s.Name, label, store.FirstError)
 		}
-		rep.ShareOfStore = rep.Service.CyclesPerSec / rep.Store.GrantsPerSec
-		cell.Reps = append(cell.Reps, rep)
+		for i := range cells {
+			rep := report.ServiceRep{
+				ServiceFirst: r%2 == 0, Service: runs[i], Store: store,
+				ShareOfStore: runs[i].CyclesPerSec / store.GrantsPerSec,
+			}
+			if runs[0].CyclesPerSec > 0 {
+				rep.VsFewest = runs[i].CyclesPerSec / runs[0].CyclesPerSec
+			}
+			cells[i].Reps = append(cells[i].Reps, rep)
+		}
 	}
-	cell.Summarize()
-	return cell, nil
+	for i := range cells {
+		cells[i].Summarize()
+	}
+	return cells, nil
+}
+
+// callersOf is how many of workers callers, spread round-robin over n
+// instances, call instance i.
+func callersOf(i, n, workers int) int {
+	return (workers - i + n - 1) / n
 }
 
 // serviceSummary is a service run in one line.

@@ -81,8 +81,10 @@ func strategyNames(ss []Strategy) string {
 // receive as JSON and connect to.
 type location struct {
 	RedisURL string `json:",omitempty"`
-	Prefix   string `json:",omitempty"`
-	Path     string `json:",omitempty"`
+	// Cluster says RedisURL is a Redis Cluster's.
+	Cluster bool   `json:",omitempty"`
+	Prefix  string `json:",omitempty"`
+	Path    string `json:",omitempty"`
 	// PoolSize sizes the Redis connection pool: one connection per caller,
 	// since a WATCH transaction holds one for its whole life.
 	PoolSize int `json:",omitempty"`
@@ -102,13 +104,10 @@ type conn struct {
 func (l location) open(ctx context.Context, s Strategy) (*conn, error) {
 	c := &conn{roundTrips: &redisproc.RoundTrips{}}
 	if s.Redis {
-		opt, err := redis.ParseURL(l.RedisURL)
+		rdb, err := l.redis(c.roundTrips)
 		if err != nil {
-			return nil, fmt.Errorf("bench: redis url: %w", err)
+			return nil, err
 		}
-		opt.PoolSize = l.PoolSize
-		rdb := redis.NewClient(opt)
-		rdb.AddHook(c.roundTrips)
 		c.target, c.close = Target{Redis: rdb, Prefix: l.Prefix}, rdb.Close
 	} else {
 		db, err := sqlitex.Open(l.Path)
@@ -124,4 +123,28 @@ func (l location) open(ctx context.Context, s Strategy) (*conn, error) {
 	}
 	c.store = store
 	return c, nil
+}
+
+// redis returns a client of l's Redis that counts its round trips in rt.
+// On a cluster the nodes count them: a transaction runs on a node's client,
+// and a pipeline split over n nodes is n round trips.
+func (l location) redis(rt *redisproc.RoundTrips) (redis.UniversalClient, error) {
+	if l.Cluster {
+		opt, err := redis.ParseClusterURL(l.RedisURL)
+		if err != nil {
+			return nil, fmt.Errorf("bench: redis cluster url: %w", err)
+		}
+		opt.PoolSize = l.PoolSize
+		rdb := redis.NewClusterClient(opt)
+		rdb.OnNewNode(func(node *redis.Client) { node.AddHook(rt) })
+		return rdb, nil
+	}
+	opt, err := redis.ParseURL(l.RedisURL)
+	if err != nil {
+		return nil, fmt.Errorf("bench: redis url: %w", err)
+	}
+	opt.PoolSize = l.PoolSize
+	rdb := redis.NewClient(opt)
+	rdb.AddHook(rt)
+	return rdb, nil
 }

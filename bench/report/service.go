@@ -15,8 +15,11 @@ import (
 // credpool serve over HTTP, against its own lease store alone, cell by
 // cell, each measured several times.
 type ServiceReport struct {
-	Env   Env           `json:"env"`
-	Cells []ServiceCell `json:"cells"`
+	Env Env `json:"env"`
+	// Postgres is the version of the throwaway PostgreSQL server that held
+	// the catalogs; empty when they were SQLite files.
+	Postgres string        `json:"postgres,omitempty"`
+	Cells    []ServiceCell `json:"cells"`
 }
 
 // ServiceCell is one service configuration and workload, measured Reps
@@ -26,10 +29,16 @@ type ServiceCell struct {
 	// alone: "sqlite" (credpool serve without --redis) or "optimistic"
 	// (serve --redis).
 	Strategy string `json:"strategy"`
-	Keys     int    `json:"keys"`
-	Limit    int    `json:"limit"`
-	Workers  int    `json:"workers"`
-	Duration string `json:"duration"`
+	// Catalog is where the service kept its catalog: "sqlite" (a file) or
+	// "postgres" (a fresh database per strategy on a throwaway server).
+	Catalog string `json:"catalog"`
+	// Instances is how many credpool serve processes shared the catalog
+	// and the lease store, the callers spread round-robin over them.
+	Instances int    `json:"instances"`
+	Keys      int    `json:"keys"`
+	Limit     int    `json:"limit"`
+	Workers   int    `json:"workers"`
+	Duration  string `json:"duration"`
 	// LeaseSeconds is the lease_seconds of every allocate, and the store
 	// run's TTL.
 	LeaseSeconds int          `json:"lease_seconds"`
@@ -47,10 +56,16 @@ type ServiceCell struct {
 	// ShareOfStore is the service's cycles/s over its store's grants/s,
 	// taken within each repetition.
 	ShareOfStore Spread `json:"share_of_store"`
+	// VsFewest is the cycles/s over those of the fewest instances
+	// measured, taken within each repetition (1 in the fewest's cells).
+	VsFewest Spread `json:"vs_fewest_instances"`
 }
 
 // ServiceRep is one repetition of a cell: the service run and the store
-// run, one after the other.
+// run, one after the other. With several instance counts, one repetition
+// runs the service at each, fewest first, and then the store, or all in
+// the reverse order; the cells of every instance count share its store
+// run.
 type ServiceRep struct {
 	// ServiceFirst says the service ran before the store; repetitions
 	// alternate, so neither order is always favoured.
@@ -61,6 +76,9 @@ type ServiceRep struct {
 	// once.
 	Store        Run     `json:"store"`
 	ShareOfStore float64 `json:"share_of_store"`
+	// VsFewest is Service's cycles/s over those of the fewest instances in
+	// the same repetition.
+	VsFewest float64 `json:"vs_fewest_instances"`
 }
 
 // ServiceRun is one measured run of the service: callers that allocate
@@ -71,6 +89,8 @@ type ServiceRun struct {
 	// released the lease.
 	Cycles       int64   `json:"cycles"`
 	CyclesPerSec float64 `json:"cycles_per_sec"`
+	// InstanceCycles are the Cycles through each instance the run used.
+	InstanceCycles []int64 `json:"instance_cycles"`
 	// AllocateStatus counts allocate calls by HTTP status ("200", "429",
 	// "503", …; "no_response" when none came back); they sum to
 	// AllocateCalls. ReportStatus is the same for reports.
@@ -134,6 +154,7 @@ func (c *ServiceCell) Summarize() {
 	c.StoreP50 = over(func(r ServiceRep) float64 { return r.Store.GrantLatency.P50 })
 	c.StoreP99 = over(func(r ServiceRep) float64 { return r.Store.GrantLatency.P99 })
 	c.ShareOfStore = over(func(r ServiceRep) float64 { return r.ShareOfStore })
+	c.VsFewest = over(func(r ServiceRep) float64 { return r.VsFewest })
 }
 
 // Failed reports whether any audit failed, of the service or the store.
@@ -177,6 +198,7 @@ func (r *ServiceReport) WriteMarkdown(w io.Writer) error {
 	var b strings.Builder
 	(&Report{Env: r.Env}).markdownEnv(&b)
 	b.WriteString(serviceReading)
+	r.markdownSetUp(&b)
 	r.markdownAudit(&b)
 	r.markdownMedians(&b)
 	r.markdownReps(&b)
@@ -186,22 +208,56 @@ func (r *ServiceReport) WriteMarkdown(w io.Writer) error {
 
 // serviceReading says what each figure includes.
 const serviceReading = `**What is measured.** *Service*: ` + "`credpool serve`" + ` as its own process on loopback, ` +
-	`with a fresh SQLite catalog (and, for optimistic, leases in Redis), driven over HTTP by the harness's callers in a ` +
+	`with a fresh catalog (and, for optimistic, leases in Redis), driven over HTTP by the harness's callers in a ` +
 	`closed loop: POST /api/internal/allocate-key, and when granted at once POST /api/internal/report with ` +
 	`outcome success, which releases. A *cycle* is both answered 200 with the lease released. Latencies run from ` +
 	`sending a request to reading its answer: HTTP over kept-alive connections (opened before the clock starts), ` +
 	`routing, auth, JSON, the request log line, the broker's catalog reads and ranking, the store's ` +
-	`Allocate or Release, and the catalog writes of a grant and of a report. After an answer other than 200 a caller ` +
+	`Allocate or Release, and what the catalog does on the request path (its generation read at the start and at the re-check; uses are written behind, once a second). After an answer other than 200 a caller ` +
 	`pauses as after "no slot". *Store*: the same lease store alone, in the harness's process (no HTTP, no catalog), ` +
 	`with the same keys, limit and callers, each listing every key in its own random order, as the broker ` +
 	`does, and releasing at once (hold 0); its latency is of granted Allocate calls. *Service/store* is cycles/s ` +
-	`over store grants/s within each repetition. Callers, service and redis-server share the machine's CPUs.` + "\n\n"
+	`over store grants/s within each repetition. Callers, service, redis-server and PostgreSQL share the machine's CPUs.` + "\n\n"
+
+// markdownSetUp says where the catalog was and how several instances
+// shared it, when either is not the plain case of one SQLite file.
+func (r *ServiceReport) markdownSetUp(b *strings.Builder) {
+	if r.Postgres != "" {
+		fmt.Fprintf(b, "**The catalog in PostgreSQL.** PostgreSQL %s on loopback, started by the harness with "+
+			"fsync, synchronous_commit and full_page_writes off (its data is thrown away); one fresh database per "+
+			"lease store, which every instance opens (`--db postgres://…`, passed in the environment).\n\n", r.Postgres)
+	}
+	fewest, most := r.instanceRange()
+	if fewest == most {
+		return
+	}
+	fmt.Fprintf(b, "**Instances.** With N instances, N `credpool serve` processes share the catalog, the lease store "+
+		"and the API keys; the keys are loaded through the first, each instance must grant once before anything is "+
+		"measured, and caller i calls instance i mod N. All %d instances run throughout, the ones a run does not use "+
+		"idle. *vs %d* is the cycles/s over those at the fewest instances, %d, in the same repetition.\n\n", most, fewest, fewest)
+}
+
+// instanceRange is the fewest and the most instances of any cell.
+func (r *ServiceReport) instanceRange() (fewest, most int) {
+	for i, c := range r.Cells {
+		if i == 0 || c.Instances < fewest {
+			fewest = c.Instances
+		}
+		most = max(most, c.Instances)
+	}
+	return fewest, most
+}
 
 func (r *ServiceReport) markdownAudit(b *strings.Builder) {
 	if !r.Failed() {
+		// A store run is shared by the cells of every instance count.
+		fewest, _ := r.instanceRange()
 		runs := 0
 		for _, c := range r.Cells {
-			runs += 2 * len(c.Reps)
+			runs += len(c.Reps)
+			if c.Instances == fewest {
+				runs += len(c.Reps)
+			}
 		}
 		fmt.Fprintf(b, "**Oversell audit: passed.** In all %d runs no key ever had more holders than its limit "+
 			"(harness count at every grant; for the store also its own state afterwards).\n\n", runs)
@@ -226,23 +282,31 @@ func (r *ServiceReport) markdownAudit(b *strings.Builder) {
 }
 
 func serviceLabel(c ServiceCell) string {
-	return fmt.Sprintf("%s limit %d, %d workers", c.Strategy, c.Limit, c.Workers)
+	return fmt.Sprintf("%s on %s × %d, limit %d, %d workers", c.Strategy, c.Catalog, c.Instances, c.Limit, c.Workers)
 }
 
 func (r *ServiceReport) markdownMedians(b *strings.Builder) {
 	b.WriteString("## Service against its store\n\n")
 	b.WriteString("Medians over the repetitions, with the range (min–max); latencies in ms.\n\n")
-	head := []string{"store", "keys", "limit", "workers", "reps × duration", "cycles/s", "allocate p50",
+	fewest, most := r.instanceRange()
+	head := []string{"store", "catalog", "instances", "keys", "limit", "workers", "reps × duration", "cycles/s", "allocate p50",
 		"allocate p99", "report p50", "report p99", "store grants/s", "store p50", "store p99", "service/store"}
+	if fewest != most {
+		head = append(head, fmt.Sprintf("vs %d", fewest))
+	}
 	var rows [][]string
 	for _, c := range r.Cells {
-		rows = append(rows, []string{
-			c.Strategy, strconv.Itoa(c.Keys), strconv.Itoa(c.Limit), strconv.Itoa(c.Workers),
+		row := []string{
+			c.Strategy, c.Catalog, strconv.Itoa(c.Instances), strconv.Itoa(c.Keys), strconv.Itoa(c.Limit), strconv.Itoa(c.Workers),
 			fmt.Sprintf("%d × %s", len(c.Reps), c.Duration),
 			spread(c.CyclesPerSec, fmtRate), spread(c.AllocateP50, fmtMs), spread(c.AllocateP99, fmtMs),
 			spread(c.ReportP50, fmtMs), spread(c.ReportP99, fmtMs), spread(c.StoreGrantsPerSec, fmtRate),
 			spread(c.StoreP50, fmtMs), spread(c.StoreP99, fmtMs), spread(c.ShareOfStore, fmtPercent),
-		})
+		}
+		if fewest != most {
+			row = append(row, spread(c.VsFewest, fmtTimes))
+		}
+		rows = append(rows, row)
 	}
 	writeTable(b, head, rows)
 }
@@ -250,9 +314,13 @@ func (r *ServiceReport) markdownMedians(b *strings.Builder) {
 func (r *ServiceReport) markdownReps(b *strings.Builder) {
 	b.WriteString("## Every repetition\n\n")
 	b.WriteString("Allocate and report answers by HTTP status; dials are connections opened during the run.\n\n")
-	head := []string{"store", "limit", "workers", "rep", "first", "cycles/s", "allocate p50", "allocate p99",
+	fewest, most := r.instanceRange()
+	head := []string{"store", "catalog", "instances", "limit", "workers", "rep", "first", "cycles/s", "allocate p50", "allocate p99",
 		"report p50", "report p99", "allocate answers", "report answers", "dials", "store grants/s", "store p99",
 		"service/store"}
+	if fewest != most {
+		head = append(head, fmt.Sprintf("vs %d", fewest))
+	}
 	var rows [][]string
 	var notes []string
 	for _, c := range r.Cells {
@@ -262,13 +330,17 @@ func (r *ServiceReport) markdownReps(b *strings.Builder) {
 			if rep.ServiceFirst {
 				first = "service"
 			}
-			rows = append(rows, []string{
-				c.Strategy, strconv.Itoa(c.Limit), strconv.Itoa(c.Workers), strconv.Itoa(i + 1), first,
+			row := []string{
+				c.Strategy, c.Catalog, strconv.Itoa(c.Instances), strconv.Itoa(c.Limit), strconv.Itoa(c.Workers), strconv.Itoa(i + 1), first,
 				fmtRate(s.CyclesPerSec), fmtMs(s.AllocateLatency.P50), fmtMs(s.AllocateLatency.P99),
 				fmtMs(s.ReportLatency.P50), fmtMs(s.ReportLatency.P99), statuses(s.AllocateStatus),
 				statuses(s.ReportStatus), strconv.FormatInt(s.Dials, 10), fmtRate(rep.Store.GrantsPerSec),
 				fmtMs(rep.Store.GrantLatency.P99), fmtPercent(rep.ShareOfStore),
-			})
+			}
+			if fewest != most {
+				row = append(row, fmtTimes(rep.VsFewest))
+			}
+			rows = append(rows, row)
 			if s.FirstError != "" {
 				notes = append(notes, fmt.Sprintf("- %s, repetition %d: service: first error: %s", serviceLabel(c), i+1, s.FirstError))
 			}
@@ -295,6 +367,9 @@ func spread(s Spread, f func(float64) string) string {
 func fmtPercent(v float64) string {
 	return strconv.FormatFloat(100*v, 'f', 1, 64) + "%"
 }
+
+// fmtTimes formats a ratio already taken as Ratio does.
+func fmtTimes(v float64) string { return Ratio(v, 1) }
 
 // statuses formats status counts as "200: 950, 429: 3", by status.
 func statuses(m map[string]int64) string {

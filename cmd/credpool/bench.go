@@ -52,7 +52,7 @@ func runBench(args []string) error {
 		cfg.Serve = []string{exe, "serve"}
 		cfg.Args = os.Args
 		cfg.Stdout, cfg.Progress = os.Stdout, os.Stderr
-		runs = 2 * cfg.Reps * len(cfg.Strategies) * len(cfg.Limits) * len(cfg.Workers)
+		runs = cfg.Runs()
 		_, err = bench.RunService(ctx, cfg)
 	} else {
 		cfg := b.suite
@@ -78,6 +78,7 @@ func parseBench(args []string) (benchArgs, error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.StringVar(&strategies, "strategies", "optimistic,lua", "lease stores to compare: optimistic, lua, sqlite (-service: "+serviceStrategies+")")
 	fs.StringVar(&cfg.RedisURL, "redis", "", "Redis URL for the Redis strategies; empty starts a throwaway redis-server on loopback")
+	fs.BoolVar(&cfg.RedisCluster, "redis-cluster", false, "treat -redis as a Redis Cluster URL (redis://host:port?addr=host2:port2); with no -redis, start a one-node cluster on loopback")
 	fs.BoolVar(&cfg.AllowRemote, "allow-remote", false, "allow a --redis server that is not on loopback (the harness loads it hard)")
 	fs.StringVar(&cfg.OutDir, "out", "", "directory for results.json, results.csv, summary.md and plots/ (-service: results.json, summary.md; empty: stdout only)")
 	fs.Uint64Var(&cfg.Seed, "seed", 1, "seed of the callers' random choices")
@@ -97,6 +98,11 @@ func parseBench(args []string) (benchArgs, error) {
 	fs.DurationVar(&grid.Pause, "pause", std.Pause, "closed loop: pause (±50%) after no slot, a give-up or an error")
 	fs.BoolVar(&b.service, "service", false, "benchmark credpool serve over HTTP against its lease store alone, on SQLite and on Redis")
 	fs.IntVar(&b.svc.Reps, "reps", serviceReps, "-service: repetitions of each cell, alternating which runs first")
+	fs.StringVar(&b.svc.Catalog, "catalog", bench.CatalogSQLite, "-service: the catalog of credpool serve: sqlite (a file) or postgres (a throwaway PostgreSQL server on loopback; needs -strategies optimistic)")
+	fs.Func("instances", "-service: credpool serve processes sharing the catalog and Redis, each count measured in the same repetitions, e.g. 1,3 (default 1)", func(v string) (err error) {
+		b.svc.Instances, err = parseInts("instances", v)
+		return err
+	})
 	fs.BoolVar(&b.worker, "worker", false, "internal: run as a worker process of the harness")
 	if err := fs.Parse(args); err != nil {
 		return b, err
@@ -116,8 +122,10 @@ func parseBench(args []string) (benchArgs, error) {
 		})
 		return b, err
 	}
-	if set["reps"] {
-		return b, errors.New("bench: -reps needs -service")
+	for _, name := range []string{"reps", "catalog", "instances"} {
+		if set[name] {
+			return b, fmt.Errorf("bench: -%s needs -service", name)
+		}
 	}
 
 	var err error

@@ -19,6 +19,10 @@ const (
 	serviceReps       = 3
 )
 
+// servicePostgresStrategies are -service's default lease stores with
+// -catalog postgres: the SQLite store cannot run on it.
+const servicePostgresStrategies = "optimistic"
+
 // serviceFlags are the harness flags' values as -service reads them.
 type serviceFlags struct {
 	strategies, workers, limits, procs, rates string
@@ -32,7 +36,8 @@ type serviceFlags struct {
 // callers list every key, allocate and report at once.
 var notForService = []string{"scenarios", "candidates", "hold", "hold-dist", "ops", "crash"}
 
-// parseService fills cfg from the flags; set names those given.
+// parseService fills cfg from the flags; set names those given. -catalog
+// and -instances are in cfg already.
 func parseService(cfg *bench.ServiceConfig, set map[string]bool, f serviceFlags) error {
 	for _, name := range notForService {
 		if set[name] {
@@ -55,6 +60,9 @@ func parseService(cfg *bench.ServiceConfig, set map[string]bool, f serviceFlags)
 	}
 	if !set["strategies"] {
 		f.strategies = serviceStrategies
+		if cfg.Catalog == bench.CatalogPostgres {
+			f.strategies = servicePostgresStrategies
+		}
 	}
 	if !set["workers"] {
 		f.workers = serviceWorkers
@@ -78,6 +86,7 @@ func parseService(cfg *bench.ServiceConfig, set map[string]bool, f serviceFlags)
 		return err
 	}
 	cfg.Keys, cfg.Duration, cfg.TTL, cfg.Pause = f.keys, f.duration, f.ttl, f.pause
-	cfg.RedisURL, cfg.AllowRemote, cfg.OutDir, cfg.Seed = f.suite.RedisURL, f.suite.AllowRemote, f.suite.OutDir, f.suite.Seed
+	cfg.RedisURL, cfg.RedisCluster, cfg.AllowRemote = f.suite.RedisURL, f.suite.RedisCluster, f.suite.AllowRemote
+	cfg.OutDir, cfg.Seed = f.suite.OutDir, f.suite.Seed
 	return cfg.Validate()
 }
