@@ -91,15 +91,48 @@ func (a *Admin) Key(ctx context.Context, id string) (Key, error) {
 // PutKey creates or replaces key id and syncs the lease store; it returns
 // the key as stored. On ErrInvalidRequest nothing is written.
 func (a *Admin) PutKey(ctx context.Context, id string, k KeySpec) (Key, error) {
-	body := struct {
-		KeySpec
-		Secret         string     `json:"secret"`
-		CooldownUntil  *time.Time `json:"cooldown_until,omitempty"`
-		LastVerifiedAt *time.Time `json:"last_verified_at,omitempty"`
-	}{KeySpec: k, Secret: k.Secret.Reveal(), CooldownUntil: optTime(k.CooldownUntil), LastVerifiedAt: optTime(k.LastVerifiedAt)}
 	var out Key
-	err := a.do(ctx, "PUT", "/api/admin/keys/"+url.PathEscape(id), body, &out)
+	err := a.do(ctx, "PUT", "/api/admin/keys/"+url.PathEscape(id), putBody(k), &out)
 	return out, err
+}
+
+// MaxPutKeys is the most keys one PutKeys takes.
+const MaxPutKeys = 1000
+
+// KeyPut is one key of PutKeys: its id and what to write.
+type KeyPut struct {
+	ID string
+	KeySpec
+}
+
+// PutKeys creates or replaces up to MaxPutKeys keys at once, all or none:
+// the service checks every key, writes them in one transaction, then syncs
+// the lease store. On ErrInvalidRequest nothing is written. After an error
+// that may come once the write is done (ErrStoreUnavailable or ErrContended
+// from the sync, ErrTimeout, ErrUnreachable) either every key is written
+// or none is; Sync then brings the lease store up to date.
+func (a *Admin) PutKeys(ctx context.Context, keys []KeyPut) error {
+	type item struct {
+		ID string `json:"id"`
+		keyBody
+	}
+	body := make([]item, len(keys))
+	for i, k := range keys {
+		body[i] = item{ID: k.ID, keyBody: putBody(k.KeySpec)}
+	}
+	return a.do(ctx, "PUT", "/api/admin/keys", body, nil)
+}
+
+// keyBody is a KeySpec as the service reads it: the secret revealed.
+type keyBody struct {
+	KeySpec
+	Secret         string     `json:"secret"`
+	CooldownUntil  *time.Time `json:"cooldown_until,omitempty"`
+	LastVerifiedAt *time.Time `json:"last_verified_at,omitempty"`
+}
+
+func putBody(k KeySpec) keyBody {
+	return keyBody{KeySpec: k, Secret: k.Secret.Reveal(), CooldownUntil: optTime(k.CooldownUntil), LastVerifiedAt: optTime(k.LastVerifiedAt)}
 }
 
 func optTime(t time.Time) *time.Time {

@@ -20,6 +20,8 @@ type Options struct {
 	// top of Timeout.
 	//
 	// default: a client of its own over a clone of http.DefaultTransport
+	// (over http.DefaultTransport itself if the application replaced it
+	// with a RoundTripper that is not an *http.Transport)
 	HTTPClient *http.Client
 	// Timeout bounds one HTTP request, so that a service gone silent
 	// cannot hold a call (or Hold's renewals) forever. The service's own
@@ -28,18 +30,23 @@ type Options struct {
 	// default: 15s
 	Timeout time.Duration
 	// Retry, if set, makes Allocate (and so Hold) retry pool_exhausted,
-	// contended and request_in_flight answers, with one request id.
+	// contended and request_in_flight answers, and those that may hide a
+	// granted slot (no answer, a 503 timeout or store_unavailable), with
+	// one request id.
 	//
 	// default: nil, no retry
 	Retry *Retry
 	// RenewFraction is the part of a lease that Hold waits between
-	// renewals, jittered by ±20%. A failed renewal is tried again after a
-	// quarter of that, until the lease would have expired.
+	// renewals, jittered by ±20%, but never later than a fifth of the lease
+	// before it expires. A failed renewal is tried again after a quarter
+	// of that, until the lease would have expired.
 	//
 	// default: 1/3
 	RenewFraction float64
-	// ReportTimeout bounds Hold's report after the work returned. The
-	// report runs even when the caller's ctx is done.
+	// ReportTimeout bounds Hold's report after the work returned, resends
+	// included (a report that got no answer, or a 503 or contended one, is
+	// sent again with jittered backoff). The report runs even when the
+	// caller's ctx is done.
 	//
 	// default: 5s
 	ReportTimeout time.Duration
@@ -61,7 +68,13 @@ func (o *Options) withDefaults() Options {
 		out = *o
 	}
 	if out.HTTPClient == nil {
-		out.HTTPClient = &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
+		// A clone, so that the client's connections are its own; a
+		// transport the application wrapped (tracing, a proxy) is kept.
+		rt := http.DefaultTransport
+		if t, ok := rt.(*http.Transport); ok {
+			rt = t.Clone()
+		}
+		out.HTTPClient = &http.Client{Transport: rt}
 	}
 	if out.Timeout <= 0 {
 		out.Timeout = defaultTimeout

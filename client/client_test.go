@@ -109,7 +109,13 @@ func TestAllocateRetriesWithOneRequestID(t *testing.T) {
 	require.Equal(t, 1, liveLeases(t, adm, "k"), "and takes no second slot")
 
 	// Full until the deadline: the last answer comes back once another
-	// pause would pass it, without sleeping past it.
+	// pause would pass it, without sleeping past it. The slot is held by
+	// a lease that outlives the deadline many times over.
+	require.NoError(t, plain.Release(ctx, l.LeaseRef))
+	long := request()
+	long.Lease = time.Minute
+	_, err = plain.Allocate(ctx, long)
+	require.NoError(t, err)
 	bounded, _ := clients(t, s, &client.Options{Retry: &client.Retry{MaxElapsed: 2500 * time.Millisecond}})
 	done := make(chan error, 1)
 	go func() {
@@ -181,6 +187,20 @@ func TestAdminKeys(t *testing.T) {
 	require.ErrorIs(t, adm.DeleteKey(ctx, "k"), client.ErrKeyNotFound)
 	_, err = adm.PutKey(ctx, "k", client.KeySpec{Provider: "openai", Pool: "default", Models: []string{"m"}})
 	require.ErrorIs(t, err, client.ErrInvalidRequest, "a key needs a secret")
+
+	// Several keys at once, all or none.
+	bad := spec
+	bad.Secret = ""
+	err = adm.PutKeys(ctx, []client.KeyPut{{ID: "b1", KeySpec: spec}, {ID: "b2", KeySpec: bad}})
+	require.ErrorIs(t, err, client.ErrInvalidRequest)
+	keys, err = adm.Keys(ctx)
+	require.NoError(t, err)
+	require.Empty(t, keys, "none written")
+	require.NoError(t, adm.PutKeys(ctx, []client.KeyPut{{ID: "b1", KeySpec: spec}, {ID: "b2", KeySpec: spec}}))
+	keys, err = adm.Keys(ctx)
+	require.NoError(t, err)
+	require.Len(t, keys, 2)
+	require.True(t, keys[1].InStore)
 }
 
 func TestNewRefusesBadConfig(t *testing.T) {

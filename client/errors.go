@@ -58,6 +58,10 @@ var (
 	// ErrUnreachable: no answer came back (connection refused or cut, the
 	// client's Timeout), while the caller's ctx was still live.
 	ErrUnreachable = errors.New("client: service unreachable")
+	// ErrNotReported wraps the error of Hold's final report: the outcome
+	// was not recorded (the lease then expires by itself). The work itself
+	// may have succeeded.
+	ErrNotReported = errors.New("client: outcome not reported")
 )
 
 // codes maps the service's error codes to the errors above. Codes not in

@@ -8,11 +8,6 @@ import (
 	"time"
 )
 
-// ErrNotReported wraps the error of Hold's final report: the outcome was
-// not recorded (the lease then expires by itself). The work itself may
-// have succeeded.
-var ErrNotReported = errors.New("client: outcome not reported")
-
 // defaultLease is the service's lease when the request names none.
 const defaultLease = 35 * time.Second
 
@@ -28,8 +23,12 @@ const defaultLease = 35 * time.Second
 // stop using the credential once its ctx is done.
 //
 // work's error decides the report (see OutcomeOf): return CheckResponse's
-// error, or an *UpstreamError, for an upstream's 429 or 401/403. The
-// report is sent even after ctx is done, within Options.ReportTimeout.
+// error, or an *UpstreamError, for an upstream's 429 or 401/403. If the
+// caller's ctx ended and work failed with a context error, the caller gave
+// up, which says nothing about the key: the lease is released without a
+// report. The report (or release) is sent even after ctx is done, and
+// sent again while it gets no answer or a 503 or contended one, within
+// Options.ReportTimeout.
 //
 // Hold returns Allocate's error if there was no lease, else work's error,
 // joined with the ErrLeaseLost cause if the lease was lost while work ran
@@ -55,7 +54,11 @@ func (c *Client) Hold(ctx context.Context, req AllocateRequest, work func(ctx co
 		stopKeep()
 		<-kept
 		outcome, cool := Failure, time.Duration(0)
-		if !panicked {
+		switch {
+		case panicked:
+		case ctx.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)):
+			outcome = "" // the caller gave up
+		default:
 			outcome, cool = OutcomeOf(err)
 		}
 		var lost error
@@ -88,14 +91,56 @@ func notLost(err error) error {
 	return err
 }
 
-// finish reports the outcome (or, for "", releases), even after ctx ended.
+// Pauses between the resends of Hold's report: doubling from the first to
+// the last, ±50% jitter.
+const (
+	firstResend = 100 * time.Millisecond
+	lastResend  = time.Second
+)
+
+// finish reports the outcome (or, for "", releases), even after ctx ended,
+// sending it again within ReportTimeout while the answer says it may go
+// through later. A report counts once per lease and a release is
+// idempotent, so a resend is safe.
 func (c *Client) finish(ctx context.Context, ref LeaseRef, o Outcome, cool time.Duration) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.opts.ReportTimeout)
 	defer cancel()
-	if o == "" {
-		return c.Release(ctx, ref)
+	pause, unknown := firstResend, false
+	for {
+		var err error
+		if o == "" {
+			err = c.Release(ctx, ref)
+		} else {
+			err = c.Report(ctx, ref, o, cool)
+		}
+		if unknown && errors.Is(err, ErrLeaseLost) && !errors.Is(err, ErrLeaseMismatch) {
+			// An earlier send whose answer was lost most likely released it.
+			return nil
+		}
+		if !resendable(err) {
+			return err
+		}
+		unknown = unknown || errors.Is(err, ErrUnreachable) || errors.Is(err, ErrTimeout)
+		t := time.NewTimer(pause/2 + rand.N(pause+1))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return errors.Join(err, ctx.Err())
+		case <-t.C:
+		}
+		pause = min(2*pause, lastResend)
 	}
-	return c.Report(ctx, ref, o, cool)
+}
+
+// resendable reports whether a report or release that failed with err may
+// go through if sent again.
+func resendable(err error) bool {
+	for _, target := range []error{ErrUnreachable, ErrTimeout, ErrStoreUnavailable, ErrCatalogUnavailable, ErrContended} {
+		if errors.Is(err, target) {
+			return true
+		}
+	}
+	return false
 }
 
 // lifetime is how long a lease granted to a request sent at sent lasts by
@@ -113,13 +158,26 @@ func lifetime(asked time.Duration, until, sent time.Time) time.Duration {
 	return d
 }
 
+// minRenewWait is the shortest wait before a renewal: a lease that a
+// skewed clock makes look a few milliseconds long is not renewed in a hot
+// loop (it is then given up when it would expire, on the safe side).
+const minRenewWait = 200 * time.Millisecond
+
+// renewIn is the wait before the next renewal: d jittered, but no later
+// than a fifth of the lease (life) before it expires (left from now), so
+// that the renewal's round trip fits, and never under minRenewWait.
+func renewIn(d, left, life time.Duration) time.Duration {
+	return max(min(jitter(d), left-life/5), minRenewWait)
+}
+
 // keep renews ref every fraction of life until ctx ends. It calls lose
 // when a renewal says the lease is lost, or when expiry passes with no
 // renewal through. Every renewal is bounded by the expiry, so keep never
-// outlives the lease by more than a scheduling delay.
+// outlives the lease by more than a scheduling delay. The lease's length,
+// and so the interval, is taken again from each renewal's answer.
 func (c *Client) keep(ctx context.Context, lose context.CancelCauseFunc, ref LeaseRef, asked, life time.Duration, expiry time.Time) {
 	every := time.Duration(float64(life) * c.opts.RenewFraction)
-	next := time.NewTimer(jitter(every))
+	next := time.NewTimer(renewIn(every, time.Until(expiry), life))
 	defer next.Stop()
 	dead := time.NewTimer(time.Until(expiry))
 	defer dead.Stop()
@@ -145,16 +203,18 @@ func (c *Client) keep(ctx context.Context, lose context.CancelCauseFunc, ref Lea
 			return
 		case err == nil:
 			last = nil
-			expiry = sent.Add(lifetime(asked, until, sent))
+			life = lifetime(asked, until, sent)
+			every = time.Duration(float64(life) * c.opts.RenewFraction)
+			expiry = sent.Add(life)
 			dead.Reset(time.Until(expiry))
-			next.Reset(jitter(every))
+			next.Reset(renewIn(every, time.Until(expiry), life))
 		case errors.Is(err, ErrLeaseLost):
 			lose(fmt.Errorf("client: renew: %w", err))
 			return
 		default:
 			// Unreachable or a 503: try again soon, until the expiry.
 			last = err
-			next.Reset(jitter(every / 4))
+			next.Reset(renewIn(every/4, time.Until(expiry), life))
 		}
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/credpool/credpool/client"
+	"github.com/credpool/credpool/test/openapitest"
 )
 
 // The test leases are short so that a renewal interval is about a second.
@@ -24,12 +25,20 @@ const (
 	roundTrip = 2 * time.Second
 )
 
-// clients returns a Client and an Admin of s.
+// clients returns a Client and an Admin of s whose every exchange is
+// checked against the OpenAPI document, unless opts has an HTTPClient.
 func clients(t *testing.T, s *service, opts *client.Options) (*client.Client, *client.Admin) {
 	t.Helper()
-	c, err := client.New(s.url, internalKey, opts)
+	var o client.Options
+	if opts != nil {
+		o = *opts
+	}
+	if o.HTTPClient == nil {
+		o.HTTPClient = &http.Client{Transport: openapitest.Transport(plain)}
+	}
+	c, err := client.New(s.url, internalKey, &o)
 	require.NoError(t, err)
-	adm, err := client.NewAdmin(s.url, adminKey, opts)
+	adm, err := client.NewAdmin(s.url, adminKey, &o)
 	require.NoError(t, err)
 	return c, adm
 }
@@ -157,7 +166,7 @@ func upstream(t *testing.T, status int, header map[string]string) *http.Response
 		w.WriteHeader(status)
 	}))
 	t.Cleanup(srv.Close)
-	resp, err := http.Get(srv.URL)
+	resp, err := srv.Client().Get(srv.URL)
 	require.NoError(t, err)
 	require.NoError(t, resp.Body.Close())
 	return resp
@@ -213,14 +222,24 @@ func TestHoldReportsTheOutcome(t *testing.T) {
 	require.ErrorIs(t, err, context.Canceled)
 	require.NotErrorIs(t, err, client.ErrNotReported, "released although ctx was done")
 	require.Zero(t, liveLeases(t, adm, "boom"))
+	// The caller's deadline passed: the same, a release.
+	ctx, cancel = context.WithTimeout(t.Context(), roundTrip)
+	defer cancel()
+	err = c.Hold(ctx, request(), func(ctx context.Context, l client.Lease) error {
+		<-ctx.Done()
+		return ctx.Err()
+	})
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.NotErrorIs(t, err, client.ErrNotReported)
+	require.Zero(t, liveLeases(t, adm, "boom"))
 	metrics := scrape(t, s)
 	for _, line := range []string{
 		`credpool_reports_total{outcome="success"} 1`,
 		`credpool_reports_total{outcome="rate_limited"} 1`,
 		`credpool_reports_total{outcome="auth_error"} 1`,
-		// The panic; the abandoned work is not counted against the key.
+		// The panic; the abandoned works are not counted against the key.
 		`credpool_reports_total{outcome="error"} 1`,
-		`credpool_releases_total{result="released",source="release"} 1`,
+		`credpool_releases_total{result="released",source="release"} 2`,
 	} {
 		require.Contains(t, metrics, line+"\n")
 	}

@@ -107,9 +107,11 @@ func newRequestID() string { return rand.Text() }
 // ErrRequestInFlight, ErrRequestIDReused, ErrStoreUnavailable,
 // ErrCatalogUnavailable, ErrTimeout, ErrInvalidRequest, ErrUnauthorized,
 // ErrUnreachable, or ctx's error. With Options.Retry the first three
-// kinds are retried with the same request id, so however many tries it
-// takes the call holds at most one slot. On error no lease is held,
-// except one whose answer was lost: it expires by itself.
+// kinds, ErrUnreachable, ErrTimeout and ErrStoreUnavailable are retried
+// (see Retry) with the same request id, so however many tries it takes
+// the call holds at most one slot, and a lease whose answer was lost is
+// the one a retry returns. On error no lease is held, except one whose
+// answer was lost and not recovered by a retry: it expires by itself.
 func (c *Client) Allocate(ctx context.Context, req AllocateRequest) (Lease, error) {
 	l, _, err := c.allocate(ctx, req)
 	return l, err

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,6 +17,7 @@ import (
 	"time"
 
 	"github.com/credpool/credpool/client"
+	"github.com/credpool/credpool/test/openapitest"
 )
 
 // Keys of the services under test.
@@ -31,6 +33,10 @@ const (
 // serveBin is credpool built for these tests.
 var serveBin string
 
+// plain is http.DefaultTransport as the tests found it, before run made
+// the default one validate.
+var plain = http.DefaultTransport
+
 // TestMain builds credpool, starts one "credpool serve" for the examples
 // (its address and keys in the environment, as a deployment would give
 // them), and runs the tests.
@@ -39,6 +45,10 @@ func TestMain(m *testing.M) {
 }
 
 func run(m *testing.M) int {
+	// Every exchange of a client built with nil Options (the examples) is
+	// checked against the OpenAPI document; the tests' own clients are
+	// given a validating Options.HTTPClient (see clients).
+	http.DefaultTransport = openapitest.Transport(plain)
 	dir, err := os.MkdirTemp("", "credpool-client-test-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

@@ -9,9 +9,12 @@ import (
 
 // Retry makes Allocate retry the answers that say "try again soon":
 // pool_exhausted with a Retry-After (without one nothing frees up by
-// itself, so it is returned at once), contended and request_in_flight.
-// Every try of one call sends the same request id, so a retry never takes
-// a second slot. Pauses double from MinBackoff to MaxBackoff with ±50%
+// itself, so it is returned at once), contended and request_in_flight;
+// and those after which the service may have granted a slot the caller
+// never heard of: no answer (ErrUnreachable), 503 timeout and
+// store_unavailable. Every try of one call sends the same request id, so
+// a retry never takes a second slot: after a lost answer it gets the very
+// lease that answer carried, while that lease lives. Pauses double from MinBackoff to MaxBackoff with ±50%
 // jitter, and are never shorter than the answer's Retry-After (plus up to
 // 20% jitter, so that callers told the same second do not come back
 // together). A pause that would end past the deadline (MaxElapsed, or
@@ -44,12 +47,13 @@ type Retry struct {
 func retryable(err error) (time.Duration, bool) {
 	var e *Error
 	if !errors.As(err, &e) {
-		return 0, false
+		return 0, errors.Is(err, ErrUnreachable)
 	}
 	switch {
 	case errors.Is(e, ErrPoolExhausted):
 		return e.RetryAfter, e.RetryAfter > 0
-	case errors.Is(e, ErrContended), errors.Is(e, ErrRequestInFlight):
+	case errors.Is(e, ErrContended), errors.Is(e, ErrRequestInFlight),
+		errors.Is(e, ErrTimeout), errors.Is(e, ErrStoreUnavailable):
 		return e.RetryAfter, true
 	}
 	return 0, false

@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
+	"net/http/httptest"
 	"os/exec"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -24,8 +27,14 @@ func TestRetryable(t *testing.T) {
 		{&Error{StatusCode: 429, Code: "contended", RetryAfter: time.Second}, time.Second, true},
 		{fmt.Errorf("wrapped: %w", &Error{StatusCode: 409, Code: "request_in_flight"}), 0, true},
 		{&Error{StatusCode: 409, Code: "policy_conflict"}, 0, false},
-		{&Error{StatusCode: 503, Code: "store_unavailable"}, 0, false},
-		{ErrUnreachable, 0, false},
+		// Each may hide a granted slot, which a retry with the same
+		// request id returns.
+		{&Error{StatusCode: 503, Code: "store_unavailable"}, 0, true},
+		{&Error{StatusCode: 503, Code: "timeout"}, 0, true},
+		{fmt.Errorf("%w: POST /api/internal/allocate-key: EOF", ErrUnreachable), 0, true},
+		{&Error{StatusCode: 503, Code: "catalog_unavailable"}, 0, false},
+		{&Error{StatusCode: 400, Code: "invalid_request"}, 0, false},
+		{context.Canceled, 0, false},
 		{nil, 0, false},
 	} {
 		after, ok := retryable(c.err)
@@ -101,6 +110,56 @@ func TestCheckResponse(t *testing.T) {
 	require.Zero(t, up.RetryAfter)
 	require.ErrorAs(t, CheckResponse(resp(403, "")), &up)
 	require.Equal(t, 403, up.StatusCode)
+}
+
+// The wait before a renewal: the jittered interval, but never in the
+// lease's last fifth (a RenewFraction near 1), and never a hot loop (a
+// lease a skewed clock shortened, or one past its margin).
+func TestRenewIn(t *testing.T) {
+	const life = 3 * time.Second
+	for _, c := range []struct {
+		name        string
+		d, left     time.Duration
+		least, most time.Duration
+	}{
+		{"a third", life / 3, life, 800 * time.Millisecond, 1200 * time.Millisecond},
+		{"a fraction near 1", life * 99 / 100, life, minRenewWait, life - life/5},
+		{"a failed renewal late in the lease", life / 12, 100 * time.Millisecond, minRenewWait, minRenewWait},
+		{"a lease of a few milliseconds", 10 * time.Millisecond, 30 * time.Millisecond, minRenewWait, minRenewWait},
+	} {
+		for range 200 {
+			d := renewIn(c.d, c.left, life)
+			require.GreaterOrEqual(t, d, c.least, c.name)
+			require.LessOrEqual(t, d, c.most, c.name)
+		}
+	}
+}
+
+// roundTripFunc is a RoundTripper of a function.
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// An application that wrapped http.DefaultTransport gets a client that
+// sends through its wrapper, not a panic.
+func TestNewOverAWrappedDefaultTransport(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"lease_until":"2026-11-30T12:00:00Z"}`)
+	}))
+	defer srv.Close()
+	orig := http.DefaultTransport
+	t.Cleanup(func() { http.DefaultTransport = orig })
+	var through atomic.Int32
+	http.DefaultTransport = roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		through.Add(1)
+		return orig.RoundTrip(r)
+	})
+	c, err := New(srv.URL, "internal-key", nil)
+	require.NoError(t, err)
+	_, err = c.Renew(t.Context(), LeaseRef{Provider: "openai", Pool: "default", KeyID: "k", LeaseID: "l"}, 0)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, through.Load())
 }
 
 func TestLifetime(t *testing.T) {

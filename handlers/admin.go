@@ -1,6 +1,7 @@
 package handlers
 
 import (
+	"fmt"
 	"net/http"
 	"time"
 
@@ -78,16 +79,30 @@ func (a adminAPI) put(c *gin.Context) {
 	if !decode(c, &req) {
 		return
 	}
+	k, ok := req.key(c, "", id)
+	if !ok {
+		return
+	}
+	if _, err := a.admin.Put(c.Request.Context(), k); err != nil {
+		failErr(c, err)
+		return
+	}
+	a.respondKey(c, id)
+}
+
+// key is the catalog key req asks to write as id; on a bad field it has
+// written the 400, its field named with prefix, and returns false.
+func (req putKeyRequest) key(c *gin.Context, prefix, id string) (catalog.Key, bool) {
 	if req.Status == "" {
 		req.Status = optimistic.StatusAvailable
 	}
 	if !req.Status.Valid() {
-		invalid(c, "status", "want available, pending, disabled, exhausted, rate_limited or cooldown")
-		return
+		invalid(c, prefix+"status", "want available, pending, disabled, exhausted, rate_limited or cooldown")
+		return catalog.Key{}, false
 	}
 	if req.Secret == "" {
-		invalid(c, "secret", "required")
-		return
+		invalid(c, prefix+"secret", "required")
+		return catalog.Key{}, false
 	}
 	k := catalog.Key{
 		ID: id, Provider: req.Provider, Pool: req.Pool, Models: req.Models,
@@ -102,11 +117,58 @@ func (a adminAPI) put(c *gin.Context) {
 	if req.LastVerifiedAt != nil {
 		k.LastVerifiedAt = *req.LastVerifiedAt
 	}
-	if _, err := a.admin.Put(c.Request.Context(), k); err != nil {
+	return k, true
+}
+
+// Bounds of PUT /api/admin/keys: keys per request, and the body (a key's
+// secret and models take a few hundred bytes).
+const (
+	maxPutKeys  = 1000
+	maxBulkBody = 4 << 20
+)
+
+// putKeysItem is one key of PUT /api/admin/keys: the body of
+// PUT /api/admin/keys/{id} with its id.
+type putKeysItem struct {
+	ID string `json:"id"`
+	putKeyRequest
+}
+
+// putMany writes every key of the body or none: each is checked here and
+// by the catalog before any is written, in one transaction.
+func (a adminAPI) putMany(c *gin.Context) {
+	var req []putKeysItem
+	if !decodeUpTo(c, &req, maxBulkBody) {
+		return
+	}
+	if len(req) == 0 || len(req) > maxPutKeys {
+		fail(c, http.StatusBadRequest, "invalid_request", fmt.Sprintf("want 1 to %d keys", maxPutKeys), "")
+		return
+	}
+	keys := make([]catalog.Key, len(req))
+	seen := make(map[string]int, len(req))
+	for i, r := range req {
+		prefix := fmt.Sprintf("[%d].", i)
+		if !validID(c, prefix+"id", r.ID) {
+			return
+		}
+		if j, ok := seen[r.ID]; ok {
+			invalid(c, prefix+"id", fmt.Sprintf("repeats [%d]", j))
+			return
+		}
+		seen[r.ID] = i
+		k, ok := r.key(c, prefix, r.ID)
+		if !ok {
+			return
+		}
+		keys[i] = k
+	}
+	stored, err := a.admin.PutMany(c.Request.Context(), keys...)
+	if err != nil {
 		failErr(c, err)
 		return
 	}
-	a.respondKey(c, id)
+	c.JSON(http.StatusOK, gin.H{"written": len(stored)})
 }
 
 func (a adminAPI) get(c *gin.Context) {

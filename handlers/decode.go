@@ -12,15 +12,18 @@ import (
 	"github.com/gin-gonic/gin"
 )
 
-// maxBody bounds every request body.
+// maxBody bounds every request body but a bulk put's (maxBulkBody).
 const maxBody = 64 << 10
 
 // decode reads one JSON object into dst, rejecting unknown fields, bodies
 // over maxBody and trailing data. On failure it has written the 400 or 413
 // and returns false; the message names a field or type, never a value the
 // request carried (a secret pasted into the wrong field must not come back).
-func decode(c *gin.Context, dst any) bool {
-	dec := json.NewDecoder(http.MaxBytesReader(c.Writer, c.Request.Body, maxBody))
+func decode(c *gin.Context, dst any) bool { return decodeUpTo(c, dst, maxBody) }
+
+// decodeUpTo is decode for bodies of at most limit bytes.
+func decodeUpTo(c *gin.Context, dst any, limit int64) bool {
+	dec := json.NewDecoder(http.MaxBytesReader(c.Writer, c.Request.Body, limit))
 	dec.DisallowUnknownFields()
 	err := dec.Decode(dst)
 	if err == nil && !errors.Is(dec.Decode(&struct{}{}), io.EOF) {
@@ -37,7 +40,7 @@ func decode(c *gin.Context, dst any) bool {
 	)
 	switch {
 	case errors.As(err, &tooBig):
-		fail(c, http.StatusRequestEntityTooLarge, "body_too_large", fmt.Sprintf("body over %d bytes", maxBody), "")
+		fail(c, http.StatusRequestEntityTooLarge, "body_too_large", fmt.Sprintf("body over %d bytes", limit), "")
 	case errors.As(err, &wrongType):
 		fail(c, http.StatusBadRequest, "invalid_request", fmt.Sprintf("%s: want a JSON %s", wrongType.Field, wrongType.Type), wrongType.Field)
 	case strings.HasPrefix(err.Error(), "json: unknown field "):

@@ -28,39 +28,36 @@ type errorDetail struct {
 	Field string `json:"field,omitempty"`
 }
 
-// statusFor is the one mapping from outcomes to HTTP. The order matters:
-// a cancelled request is not a store failure, and "full" (429) must never
-// be confused with "store down" (503): callers back off on one and alert
-// on the other.
+// errorCodes is the one mapping from outcomes to HTTP, tried in order: a
+// cancelled request is not a store failure, a busy or broken catalog
+// wraps the store's outcomes, and "full" (429) must never be confused
+// with "store down" (503): callers back off on one and alert on the other.
+var errorCodes = []struct {
+	err    error
+	status int
+	code   string
+}{
+	{context.Canceled, 499, "client_closed_request"},
+	{context.DeadlineExceeded, http.StatusServiceUnavailable, "timeout"},
+	{optimistic.ErrInvalid, http.StatusBadRequest, "invalid_request"},
+	{broker.ErrCatalog, http.StatusServiceUnavailable, "catalog_unavailable"},
+	{broker.ErrNoCandidates, http.StatusNotFound, "no_candidates"},
+	{catalog.ErrNotFound, http.StatusNotFound, "key_not_found"},
+	{broker.ErrPolicy, http.StatusConflict, "policy_conflict"},
+	{requestlog.ErrInFlight, http.StatusConflict, "request_in_flight"},
+	{requestlog.ErrReused, http.StatusConflict, "request_id_reused"},
+	{optimistic.ErrNoCapacity, http.StatusTooManyRequests, "pool_exhausted"},
+	{optimistic.ErrContended, http.StatusTooManyRequests, "contended"},
+	{optimistic.ErrLeaseLost, http.StatusGone, "lease_lost"},
+	{optimistic.ErrStore, http.StatusServiceUnavailable, "store_unavailable"},
+}
+
+// statusFor maps err by errorCodes; anything else is 500 internal.
 func statusFor(err error) (status int, code string) {
-	switch {
-	case errors.Is(err, context.Canceled):
-		return 499, "client_closed_request"
-	case errors.Is(err, context.DeadlineExceeded):
-		return http.StatusServiceUnavailable, "timeout"
-	case errors.Is(err, optimistic.ErrInvalid):
-		return http.StatusBadRequest, "invalid_request"
-	case errors.Is(err, broker.ErrCatalog):
-		// Before the store's outcomes: a busy or broken catalog wraps them.
-		return http.StatusServiceUnavailable, "catalog_unavailable"
-	case errors.Is(err, broker.ErrNoCandidates):
-		return http.StatusNotFound, "no_candidates"
-	case errors.Is(err, catalog.ErrNotFound):
-		return http.StatusNotFound, "key_not_found"
-	case errors.Is(err, broker.ErrPolicy):
-		return http.StatusConflict, "policy_conflict"
-	case errors.Is(err, requestlog.ErrInFlight):
-		return http.StatusConflict, "request_in_flight"
-	case errors.Is(err, requestlog.ErrReused):
-		return http.StatusConflict, "request_id_reused"
-	case errors.Is(err, optimistic.ErrNoCapacity):
-		return http.StatusTooManyRequests, "pool_exhausted"
-	case errors.Is(err, optimistic.ErrContended):
-		return http.StatusTooManyRequests, "contended"
-	case errors.Is(err, optimistic.ErrLeaseLost):
-		return http.StatusGone, "lease_lost"
-	case errors.Is(err, optimistic.ErrStore):
-		return http.StatusServiceUnavailable, "store_unavailable"
+	for _, e := range errorCodes {
+		if errors.Is(err, e.err) {
+			return e.status, e.code
+		}
 	}
 	return http.StatusInternalServerError, "internal"
 }

@@ -10,7 +10,7 @@ import (
 
 // openAPI is the OpenAPI 3.1 document of every route, status code and
 // error code. The end-to-end tests validate every request and answer they
-// exchange against it (test/openapi_test.go), so it cannot drift.
+// exchange against it (test/openapitest), so it cannot drift.
 //
 //go:embed openapi.yaml
 var openAPI []byte

@@ -26,7 +26,7 @@ func (routeStub) Losses(context.Context) (broker.LossReport, error) { return bro
 
 // The document is valid OpenAPI 3.1 and lists exactly the routes New
 // serves, each with its method; GET /openapi.yaml serves it. (Whether
-// every answer matches it is test/openapi_test.go's.)
+// every answer matches it is test/openapitest's, and codes_test.go's.)
 func TestOpenAPIListsEveryRoute(t *testing.T) {
 	loader := openapi3.NewLoader()
 	doc, err := loader.LoadFromData(OpenAPI())

@@ -33,6 +33,8 @@ type backlogger interface{ Backlog() broker.Backlog }
 // Admin is what the admin API and /readyz need.
 type Admin interface {
 	Put(ctx context.Context, k catalog.Key) (catalog.Key, error)
+	// PutMany writes every key to the catalog or none, then syncs them.
+	PutMany(ctx context.Context, keys ...catalog.Key) ([]catalog.Key, error)
 	Keys(ctx context.Context) ([]broker.KeyView, error)
 	Key(ctx context.Context, id string) (broker.KeyView, error)
 	Delete(ctx context.Context, id string) error
@@ -154,6 +156,7 @@ func New(cfg Config) (http.Handler, error) {
 	ad := adminAPI{admin: cfg.Admin}
 	admin := r.Group("/api/admin", requireKey("X-Admin-Key", cfg.AdminKey))
 	admin.GET("/keys", ad.list)
+	admin.PUT("/keys", ad.putMany)
 	admin.GET("/keys/:id", ad.get)
 	admin.PUT("/keys/:id", ad.put)
 	admin.DELETE("/keys/:id", ad.delete)

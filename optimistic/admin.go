@@ -13,6 +13,9 @@ import (
 
 // SyncKey upserts a key's allocation state into its HASH and its pool
 // membership, moving it out of its old pool if provider or pool changed.
+// On Redis Cluster, a master that does not answer (the key's, or its
+// pool's) makes it fail with ErrUnreachable too, so that a caller syncing
+// many keys can go on with the others.
 // Leases, the fencing counter and a stored last_used_at are kept:
 // k.LastUsedAt only fills in a missing one, with HSETNX, so that a grant
 // committed meanwhile is never overwritten. Allocate checks membership on
@@ -25,7 +28,7 @@ func (s *Store) SyncKey(ctx context.Context, k KeyState) error {
 	keyKey := s.keys.Key(k.ID)
 	old, err := s.rdb.HMGet(ctx, keyKey, rs.FieldProvider, rs.FieldPool).Result()
 	if err != nil {
-		return Classify(ctx, "sync key", err)
+		return Classify(ctx, "sync key", s.markPartial(ctx, err))
 	}
 	cooldown := ""
 	if !k.CooldownUntil.IsZero() {
@@ -46,7 +49,7 @@ func (s *Store) SyncKey(ctx context.Context, k KeyState) error {
 		}
 		return nil
 	})
-	return Classify(ctx, "sync key", err)
+	return Classify(ctx, "sync key", s.markPartial(ctx, err))
 }
 
 // DeleteKey removes the key's pool membership, then in one transaction its
@@ -130,9 +133,10 @@ func (s *Store) dropLeases(ctx context.Context, keyID string, withKey bool) (int
 
 // Inspect reads the live state of each key in one pipelined round trip.
 // Missing keys come back with Exists false. On Redis Cluster a key whose
-// master does not answer comes back Unreachable, and the call fails
-// (ErrStore) only if no key's did; FreeAt is then judged by this host's
-// clock if the node asked for the time was the one down.
+// master does not answer comes back Unreachable instead of failing the
+// call (FreeAt is then judged by this host's clock if the node asked for
+// the time was the one down), unless no key's master answered: that is
+// an ErrStore with ErrUnreachable. On other clients any failure fails it.
 func (s *Store) Inspect(ctx context.Context, keyIDs ...string) ([]KeyInfo, error) {
 	if err := CheckKeyIDs(keyIDs...); err != nil {
 		return nil, err
@@ -150,11 +154,14 @@ func (s *Store) Inspect(ctx context.Context, keyIDs ...string) ([]KeyInfo, error
 		}
 		return nil
 	})
-	// Each command has its own outcome: on a cluster, those sent to a
-	// master that is down fail alone.
+	if err != nil && !s.cluster {
+		return nil, Classify(ctx, "inspect", err)
+	}
+	// On a cluster each node's commands have their own outcome: those
+	// sent to a master that is down fail alone.
 	now := clock.Val().UnixMilli()
 	if cerr := clock.Err(); cerr != nil {
-		if !unreachable(ctx, cerr) {
+		if !s.partial(ctx, cerr) {
 			return nil, Classify(ctx, "inspect", cerr)
 		}
 		now = time.Now().UnixMilli()
@@ -163,7 +170,7 @@ func (s *Store) Inspect(ctx context.Context, keyIDs ...string) ([]KeyInfo, error
 	answered := 0
 	for i, id := range keyIDs {
 		if kerr := errors.Join(hashes[i].Err(), leases[i].Err()); kerr != nil {
-			if !unreachable(ctx, kerr) {
+			if !s.partial(ctx, kerr) {
 				return nil, Classify(ctx, "inspect", kerr)
 			}
 			out[i] = KeyInfo{ID: id, Unreachable: true}
@@ -180,7 +187,7 @@ func (s *Store) Inspect(ctx context.Context, keyIDs ...string) ([]KeyInfo, error
 		}
 	}
 	if answered == 0 && len(keyIDs) > 0 {
-		return nil, Classify(ctx, "inspect", err)
+		return nil, Classify(ctx, "inspect", s.markPartial(ctx, err))
 	}
 	return out, nil
 }

@@ -32,12 +32,15 @@ import (
 // call of this process is working on, or that keeps aborting, is tried
 // after the rest.
 //
-// A candidate whose server does not answer (a master that is down on Redis
-// Cluster), or whose grant too few replicas acknowledged (Options.MinReplicas;
-// the grant is given back), is skipped and counted in Stats.Unreachable; if no other
-// candidate grants, the call fails with ErrStore rather than
-// ErrNoCapacity. A candidate whose EXEC was sent is never skipped: its
-// outcome is settled first (below).
+// On Redis Cluster, a candidate whose master does not answer, or whose
+// grant too few replicas acknowledged (Options.MinReplicas; the grant is
+// given back), is skipped and counted in Stats.Unreachable; if no other
+// candidate grants, the call fails with ErrStore and ErrUnreachable
+// rather than ErrNoCapacity. (On other clients every key is on the one
+// server, and the first failure ends the call.) A candidate whose EXEC
+// reply was lost is rechecked before any other may grant (below), unless
+// its master then does not answer at all: its outcome is given up, and
+// the lease, if the EXEC landed, is nobody's and ends after the TTL.
 //
 // On error no lease is held, except when an EXEC's outcome is unknown
 // (its reply was lost, or ctx ended during it) and no recheck could settle
@@ -50,6 +53,7 @@ func (s *Store) Allocate(ctx context.Context, req AllocateRequest) (Lease, Stats
 	// One lease id per call: if an EXEC reply is lost, the next read finds
 	// this id and returns the same lease instead of taking a second slot.
 	a := allocation{Store: s, req: req, leaseID: uuid.NewString(), stats: &st, todo: distinct(req.Candidates)}
+	a.member = rs.Member(a.leaseID, req.Provider, req.Pool)
 	err := s.retry(ctx, func() error { return a.pass(ctx) })
 	if err != nil {
 		return Lease{}, st, Classify(ctx, "allocate", err)
@@ -62,6 +66,7 @@ type allocation struct {
 	*Store
 	req     AllocateRequest
 	leaseID string
+	member  string // leaseID's member in a lease ZSET (redisschema.Member)
 	stats   *Stats
 
 	todo    []string      // candidates for the next pass, in order
@@ -104,6 +109,16 @@ func (a *allocation) pass(ctx context.Context) error {
 		switch {
 		case granted:
 			return nil
+		case a.pending == keyID && !errors.Is(err, errRecheck) && a.partial(ctx, err):
+			// Its EXEC reply was lost, and now its master does not answer
+			// the recheck (it died): the outcome cannot be settled. Given
+			// up, and the others tried: if that EXEC did land, its lease
+			// is held by nobody and ends by itself after the TTL.
+			a.pending = ""
+			a.stats.Unreachable++
+			if a.down == nil {
+				a.down = fmt.Errorf("candidate %s: %w", keyID, err)
+			}
 		case err != nil && a.pending == keyID:
 			// Still unsettled (its EXEC reply was lost, or the recheck
 			// itself was aborted): it goes first after the pause.
@@ -114,7 +129,7 @@ func (a *allocation) pass(ctx context.Context) error {
 			return err
 		case errors.Is(err, ErrConflict):
 			aside = append(aside, keyID)
-		case unreachable(ctx, err), errors.Is(err, errUnreplicated):
+		case a.partial(ctx, err), a.cluster && errors.Is(err, errUnreplicated):
 			// Its server is down, or too few replicas acknowledged the
 			// grant (given back); another candidate's server may do. Not
 			// tried again by this call.
@@ -131,7 +146,8 @@ func (a *allocation) pass(ctx context.Context) error {
 	}
 	if a.down != nil {
 		// The skipped ones may have room: the store failed, no pool is full.
-		return fmt.Errorf("%d of the candidates did not answer or replicate, the others had no free slot: %w", a.stats.Unreachable, a.down)
+		return fmt.Errorf("%w: %d of the candidates did not answer or replicate, the others had no free slot: %w",
+			ErrUnreachable, a.stats.Unreachable, a.down)
 	}
 	full := a.full
 	return &full
@@ -191,7 +207,7 @@ func (a *allocation) try(ctx context.Context, keyID string, wait bool) (granted 
 func (a *allocation) decide(ctx context.Context, t *txn, keyID string) (verdict, error) {
 	var v verdict
 	keyKey, leasesKey := a.keys.Key(keyID), a.keys.Leases(keyID)
-	recordKey := a.keys.Lease(keyID, a.leaseID)
+	recordKey := a.keys.Lease(keyID, a.member)
 	// After a lost EXEC reply on this key, the read also takes the fence
 	// that EXEC would have written, should it have landed.
 	recheck := a.pending == keyID
@@ -215,7 +231,7 @@ func (a *allocation) decide(ctx context.Context, t *txn, keyID string) (verdict,
 	clockNow := clock.Val()
 	now := clockNow.UnixMilli()
 	if recheck {
-		if until, ok := liveScore(leases.Val(), a.leaseID, now); ok {
+		if until, ok := liveScore(leases.Val(), a.member, now); ok {
 			return a.adopt(ctx, t, recordKey, until, record.Val())
 		}
 	}
@@ -241,7 +257,7 @@ func (a *allocation) decide(ctx context.Context, t *txn, keyID string) (verdict,
 		body = append(body, prune, records)
 	}
 	body = append(body,
-		cmd{"zadd", leasesKey, until, a.leaseID},
+		cmd{"zadd", leasesKey, until, a.member},
 		cmd{"hset", recordKey,
 			rs.FieldKeyID, keyID, rs.FieldProvider, a.req.Provider, rs.FieldPool, a.req.Pool,
 			rs.FieldUntil, until, rs.FieldFence, fence},
@@ -304,10 +320,10 @@ func (a *allocation) settle(ctx context.Context, t *txn, v verdict, body []cmd, 
 func (a *allocation) giveBack(ctx context.Context, keyID string) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), unwatchTimeout)
 	defer cancel()
-	leasesKey, recordKey := a.keys.Leases(keyID), a.keys.Lease(keyID, a.leaseID)
+	leasesKey, recordKey := a.keys.Leases(keyID), a.keys.Lease(keyID, a.member)
 	drop := func(c redis.UniversalClient) error {
 		_, err := c.TxPipelined(ctx, func(p redis.Pipeliner) error {
-			p.ZRem(ctx, leasesKey, a.leaseID)
+			p.ZRem(ctx, leasesKey, a.member)
 			p.Del(ctx, recordKey)
 			return nil
 		})

@@ -38,6 +38,10 @@
 //  2. MULTI: prune the expired leases and their records, ZADD the lease,
 //     write its record, mark the key available; EXEC.
 //
+// A lease's ZSET member, and the name of its record, carry its owner
+// (<lease id>/<provider>/<pool>), so Release is one MULTI that can only
+// remove the caller's own lease.
+//
 // Within one process, allocations on the same credential take turns (a
 // gate per key id), so a process's callers that pile onto a hot key do not
 // abort each other's EXECs. A caller that finds a candidate's gate taken

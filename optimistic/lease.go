@@ -10,15 +10,17 @@ import (
 	rs "github.com/credpool/credpool/internal/redisschema"
 )
 
-// recordFields are the lease record fields checked against a LeaseRef.
-var recordFields = []string{rs.FieldKeyID, rs.FieldProvider, rs.FieldPool}
-
 // Release deletes the lease if key id, provider, pool and lease id all
 // match and it has not expired. Otherwise it returns ErrLeaseLost (unknown,
-// released or expired; a wrong key id also looks unknown, since the record
-// lives under the key) or ErrLeaseMismatch (wrong provider or pool), and
-// writes nothing. Releasing twice is harmless: the second call is
-// ErrLeaseLost. It never touches another lease.
+// released or expired; a wrong key id also looks unknown, since the lease
+// lives under the key) or ErrLeaseMismatch (wrong provider or pool).
+// Releasing twice is harmless: the second call is ErrLeaseLost. It never
+// touches another lease; a lease that expired but was not pruned yet is
+// removed with its record, as the key's next grant would have done.
+//
+// One round trip: the owner is part of the lease's member and record names
+// (redisschema.Member), so one MULTI removing them can only hit this lease.
+// Only when it finds nothing does a second read tell unknown from mismatch.
 func (s *Store) Release(ctx context.Context, ref LeaseRef) error {
 	if err := ref.Validate(); err != nil {
 		return err
@@ -59,49 +61,79 @@ func (s *Store) Holds(ctx context.Context, ref LeaseRef) (time.Time, error) {
 
 // holder reads whether ref holds a live lease, by the clock of the node
 // that owns it, and returns that clock's now and the lease's expiry (ms).
+// One round trip, and a second (see lost) when the lease is not there.
 func (s *Store) holder(ctx context.Context, rdb redis.UniversalClient, ref LeaseRef) (now, until int64, err error) {
 	var (
-		clock  *redis.TimeCmd
-		record *redis.SliceCmd
-		score  *redis.FloatCmd
+		clock *redis.TimeCmd
+		score *redis.FloatCmd
 	)
 	_, err = rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		clock = p.Time(ctx)
-		record = p.HMGet(ctx, s.keys.Lease(ref.KeyID, ref.LeaseID), recordFields...)
-		score = p.ZScore(ctx, s.keys.Leases(ref.KeyID), ref.LeaseID)
+		score = p.ZScore(ctx, s.keys.Leases(ref.KeyID), member(ref))
 		return nil
 	})
 	if err != nil && !errors.Is(err, redis.Nil) {
 		return 0, 0, err
 	}
-	now = clock.Val().UnixMilli()
-	if err := checkHolder(ref, record.Val(), score, now); err != nil {
-		return 0, 0, err
+	now, until = clock.Val().UnixMilli(), int64(score.Val())
+	switch {
+	case score.Err() != nil:
+		return 0, 0, s.lost(ctx, rdb, ref)
+	case until <= now:
+		return 0, 0, NotHeld(ref.LeaseID, LostExpired)
 	}
-	return now, int64(score.Val()), nil
+	return now, until, nil
 }
 
+// release removes ref's member and record in one MULTI, which names them
+// by owner (see Release); TIME and ZSCORE ride along to tell a live lease
+// from one that had expired.
 func (s *Store) release(ctx context.Context, rdb redis.UniversalClient, ref LeaseRef) error {
-	leasesKey, recordKey := s.keys.Leases(ref.KeyID), s.keys.Lease(ref.KeyID, ref.LeaseID)
-	if _, _, err := s.holder(ctx, rdb, ref); err != nil {
-		return err
-	}
-	// No WATCH needed: the lease id is unique, so these writes can only hit
-	// this lease. If it expired and was pruned meanwhile, ZREM says so.
-	var del, removed *redis.IntCmd
+	leasesKey, m := s.keys.Leases(ref.KeyID), member(ref)
+	var (
+		clock        *redis.TimeCmd
+		score        *redis.FloatCmd
+		removed, del *redis.IntCmd
+	)
 	_, err := rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		del = p.Del(ctx, recordKey)
-		removed = p.ZRem(ctx, leasesKey, ref.LeaseID)
+		clock = p.Time(ctx)
+		score = p.ZScore(ctx, leasesKey, m)
+		removed = p.ZRem(ctx, leasesKey, m)
+		del = p.Del(ctx, s.keys.Lease(ref.KeyID, m))
 		return nil
 	})
-	if err != nil {
-		return aborted(err, []redis.Cmder{del, removed})
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return aborted(err, []redis.Cmder{clock, score, removed, del})
 	}
-	if removed.Val() == 0 {
+	switch {
+	case removed.Val() == 0:
+		return s.lost(ctx, rdb, ref)
+	case int64(score.Val()) <= clock.Val().UnixMilli():
 		return NotHeld(ref.LeaseID, LostExpired)
 	}
 	return nil
 }
+
+// lost says why ref's member is not in its key's lease ZSET, in one more
+// round trip: the lease id is there under another provider or pool
+// (LostMismatch), or not at all (LostUnknown: never granted, released,
+// pruned, or asked under another key id). A lease written before owners
+// were encoded (a bare lease id) is unknown too: it expires by itself.
+func (s *Store) lost(ctx context.Context, rdb redis.UniversalClient, ref LeaseRef) error {
+	members, err := rdb.ZRange(ctx, s.keys.Leases(ref.KeyID), 0, -1).Result()
+	if err != nil {
+		return err
+	}
+	for _, m := range members {
+		if rs.OfLease(m, ref.LeaseID) {
+			return NotHeld(ref.LeaseID, LostMismatch)
+		}
+	}
+	return NotHeld(ref.LeaseID, LostUnknown)
+}
+
+// member is ref's member in its key's lease ZSET.
+func member(ref LeaseRef) string { return rs.Member(ref.LeaseID, ref.Provider, ref.Pool) }
 
 // Renew moves a live lease's expiry to now+ttl (store clock) and returns it.
 // A lease that expired, was released or pruned, or does not match is lost
@@ -138,15 +170,16 @@ func (s *Store) Renew(ctx context.Context, ref LeaseRef, ttl time.Duration) (tim
 }
 
 func (s *Store) renew(ctx context.Context, rdb redis.UniversalClient, ref LeaseRef, ttl time.Duration) (int64, error) {
-	leasesKey, recordKey := s.keys.Leases(ref.KeyID), s.keys.Lease(ref.KeyID, ref.LeaseID)
+	m := member(ref)
+	leasesKey, recordKey := s.keys.Leases(ref.KeyID), s.keys.Lease(ref.KeyID, m)
 	now, _, err := s.holder(ctx, rdb, ref)
 	if err != nil {
 		return 0, err
 	}
 	until := now + ttl.Milliseconds()
 	replies, err := s.write(ctx, rdb, []cmd{
-		{"zadd", leasesKey, "xx", until, ref.LeaseID},
-		{"zscore", leasesKey, ref.LeaseID},
+		{"zadd", leasesKey, "xx", until, m},
+		{"zscore", leasesKey, m},
 		{"hset", recordKey, rs.FieldUntil, until},
 		{"pexpireat", recordKey, until + s.opts.RecordGrace.Milliseconds()},
 	})
@@ -165,23 +198,4 @@ func (s *Store) renew(ctx context.Context, rdb redis.UniversalClient, ref LeaseR
 		return 0, NotHeld(ref.LeaseID, LostExpired)
 	}
 	return until, nil
-}
-
-// checkHolder says whether ref holds a live lease, given its record (HMGET
-// recordFields) and its score in the key's lease ZSET.
-func checkHolder(ref LeaseRef, record []any, score *redis.FloatCmd, now int64) error {
-	got := make([]string, len(recordFields))
-	for i, v := range record {
-		got[i], _ = v.(string)
-	}
-	if got[0] == "" {
-		return NotHeld(ref.LeaseID, LostUnknown)
-	}
-	if got[0] != ref.KeyID || got[1] != ref.Provider || got[2] != ref.Pool {
-		return NotHeld(ref.LeaseID, LostMismatch)
-	}
-	if score.Err() != nil || int64(score.Val()) <= now {
-		return NotHeld(ref.LeaseID, LostExpired)
-	}
-	return nil
 }

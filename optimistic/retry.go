@@ -25,7 +25,9 @@ func conflict(err error) error {
 	case errors.Is(err, ErrConflict), errors.Is(err, errUnreplicated):
 		// errUnreplicated: EXEC did commit; try gives the grant back.
 		return err
-	case errors.Is(err, redis.TxFailedErr), rerouted(err):
+	case errors.Is(err, redis.TxFailedErr), rerouted(err) && !redis.IsClusterDownError(err):
+		// CLUSTERDOWN is not: nobody serves the slot, which a retry does
+		// not mend within a call (see unreachable).
 		return fmt.Errorf("%w: %w", ErrConflict, err)
 	}
 	return err

@@ -85,10 +85,10 @@ func freeAt(k keyState, l leaseSet, now int64) (at int64, held bool) {
 	return FreeAt(k.status, k.cooldown, k.limit, l.live, l.first, now)
 }
 
-// liveScore returns the expiry of lease id if it is in zs and unexpired.
-func liveScore(zs []redis.Z, id string, now int64) (int64, bool) {
+// liveScore returns the expiry of member if it is in zs and unexpired.
+func liveScore(zs []redis.Z, member string, now int64) (int64, bool) {
 	for _, z := range zs {
-		if z.Member == id && int64(z.Score) > now {
+		if z.Member == member && int64(z.Score) > now {
 			return int64(z.Score), true
 		}
 	}

@@ -113,6 +113,9 @@ type Store struct {
 	keys   rs.Schema
 	policy retry.Policy
 	gates  gates
+	// cluster says rdb is a Redis Cluster client: only there can some keys
+	// be unreachable while others answer.
+	cluster bool
 }
 
 // New returns a Store over rdb: a standalone, Sentinel (failover) or Cluster
@@ -125,8 +128,9 @@ func New(rdb redis.UniversalClient, opts *Options) (*Store, error) {
 	if !rs.ValidPrefix(o.Prefix) {
 		return nil, invalidf("prefix %q must not contain braces", o.Prefix)
 	}
+	_, cluster := rdb.(*redis.ClusterClient)
 	return &Store{
-		rdb: rdb, opts: o, keys: rs.Schema{Prefix: o.Prefix},
+		rdb: rdb, opts: o, keys: rs.Schema{Prefix: o.Prefix}, cluster: cluster,
 		policy: retry.Policy{MaxRetries: o.MaxRetries, MinBackoff: o.MinBackoff, MaxBackoff: o.MaxBackoff, MaxElapsed: o.MaxElapsed},
 	}, nil
 }

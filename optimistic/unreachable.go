@@ -3,6 +3,7 @@ package optimistic
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"syscall"
@@ -12,19 +13,41 @@ import (
 
 // unreachable reports whether err means the server holding a key did not
 // answer at all: a refused, reset or broken connection, a network
-// timeout, or no pooled connection in time. A Redis reply (an error
-// reply, MOVED), the caller's ctx ending, a closed client and the store's
-// own outcomes are not. On Redis Cluster such a key's master may be down
-// while the others answer, so Allocate skips the key and Inspect marks it
-// (KeyInfo.Unreachable) instead of failing the whole call.
+// timeout, no pooled connection in time, or Redis Cluster saying that
+// nobody serves the key's slot right now (CLUSTERDOWN). Another Redis
+// reply (an error reply, MOVED), the caller's ctx ending, a closed client
+// and the store's own outcomes are not. On Redis Cluster such a key's
+// master may be down while the others answer, so Allocate skips the key
+// and Inspect marks it (KeyInfo.Unreachable) instead of failing the whole
+// call.
 func unreachable(ctx context.Context, err error) bool {
 	var reply redis.Error
 	switch {
-	case err == nil, ctx.Err() != nil, errors.As(err, &reply), errors.Is(err, redis.ErrClosed),
+	case err == nil, ctx.Err() != nil, errors.Is(err, redis.ErrClosed),
 		errors.Is(err, ErrConflict), errors.Is(err, errRecheck), errors.Is(err, ErrInvalid):
+		return false
+	case redis.IsClusterDownError(err):
+		return true
+	case errors.As(err, &reply):
 		return false
 	}
 	var ne net.Error
 	return errors.As(err, &ne) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
 		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, redis.ErrPoolTimeout)
+}
+
+// partial reports whether err leaves the call's other keys usable: an
+// unreachable server on a cluster. On any other client every key lives
+// on the one server, so a failure is the whole store's.
+func (s *Store) partial(ctx context.Context, err error) bool {
+	return s.cluster && unreachable(ctx, err)
+}
+
+// markPartial wraps err in ErrUnreachable if it is partial, for callers
+// that go on with the other keys.
+func (s *Store) markPartial(ctx context.Context, err error) error {
+	if s.partial(ctx, err) {
+		return fmt.Errorf("%w: %w", ErrUnreachable, err)
+	}
+	return err
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/credpool/credpool/internal/postgres"
 	"github.com/credpool/credpool/internal/sqlitex"
 	"github.com/credpool/credpool/optimistic"
+	"github.com/credpool/credpool/test/openapitest"
 	"github.com/credpool/credpool/test/pgtest"
 )
 
@@ -132,7 +133,7 @@ func TestHTTPDisableUnderLoad(t *testing.T) {
 
 // post sends body as JSON with key as X-Internal-Key through c and
 // decodes the answer; it reports errors (an exchange that does not match
-// the OpenAPI document among them, see checked) instead of failing a test.
+// the OpenAPI document among them, see openapitest) instead of failing a test.
 func post(c *http.Client, url, key string, body any) (int, map[string]any, error) {
 	raw, err := json.Marshal(body)
 	if err != nil {
@@ -143,7 +144,7 @@ func post(c *http.Client, url, key string, body any) (int, map[string]any, error
 		return 0, nil, err
 	}
 	req.Header.Set("X-Internal-Key", key)
-	resp, err := checked(c).Do(req)
+	resp, err := openapitest.Client(c).Do(req)
 	if err != nil {
 		return 0, nil, err
 	}

@@ -25,6 +25,7 @@ import (
 	"github.com/credpool/credpool/internal/server"
 	"github.com/credpool/credpool/internal/sqlitex"
 	"github.com/credpool/credpool/optimistic"
+	"github.com/credpool/credpool/test/openapitest"
 	"github.com/credpool/credpool/test/redistest"
 )
 
@@ -164,7 +165,7 @@ func startService(t *testing.T, o serviceOptions) *service {
 
 // call sends a JSON body (a string is sent as is) with the given header key
 // and decodes the JSON answer; the exchange must match the OpenAPI
-// document (checked).
+// document (openapitest).
 func (s *service) call(t *testing.T, method, path, header, key string, body any) (int, http.Header, map[string]any) {
 	t.Helper()
 	var r io.Reader
@@ -182,7 +183,7 @@ func (s *service) call(t *testing.T, method, path, header, key string, body any)
 	if header != "" {
 		req.Header.Set(header, key)
 	}
-	resp, err := checked(http.DefaultClient).Do(req)
+	resp, err := openapitest.Client(nil).Do(req)
 	require.NoError(t, err)
 	defer resp.Body.Close()
 	raw, err := io.ReadAll(resp.Body)
@@ -682,6 +683,65 @@ func TestHTTPAdmin(t *testing.T) {
 	})
 }
 
+// PUT /api/admin/keys writes every key of the body or none, and syncs
+// them into the lease store; more than 1,000 keys are refused.
+func TestHTTPAdminPutKeys(t *testing.T) {
+	forEachStore(t, func(t *testing.T, sqlite bool) {
+		s := startService(t, serviceOptions{sqlite: sqlite})
+		key := func(id string, limit int) map[string]any {
+			return map[string]any{
+				"id": id, "provider": "openai", "pool": "default", "models": []string{"gpt-4o-2024-08-06"},
+				"secret": "sk-secret-" + id, "max_concurrent_uses": limit,
+			}
+		}
+		code, out := s.admin(t, http.MethodPut, "keys", []any{key("b1", 1), key("b2", 2), key("b3", 3)})
+		require.Equal(t, http.StatusOK, code, "%v", out)
+		require.EqualValues(t, 3, out["written"])
+		code, out = s.admin(t, http.MethodGet, "keys/b2", nil)
+		require.Equal(t, http.StatusOK, code)
+		require.Equal(t, true, out["in_store"], "synced into the lease store")
+		require.EqualValues(t, 2, out["max_concurrent_uses"])
+		code, _, _ = s.internal(t, "allocate-key", allocBody("default"))
+		require.Equal(t, http.StatusOK, code)
+
+		// A bad key anywhere, found by the handler or by the catalog: none
+		// is written, not even the ones before it.
+		badModel := key("b4", 1)
+		badModel["models"] = []string{"gpt 4o"}
+		noSecret := key("b4", 1)
+		delete(noSecret, "secret")
+		for _, c := range []struct {
+			keys  []any
+			field string
+		}{
+			{[]any{key("new-1", 1), key("b1", 5), badModel}, ""},
+			{[]any{key("new-1", 1), key("b1", 5), noSecret}, "[2].secret"},
+			{[]any{key("new-1", 1), key("new-1", 5)}, "[1].id"},
+			{[]any{}, ""},
+		} {
+			code, out = s.admin(t, http.MethodPut, "keys", c.keys)
+			require.Equal(t, http.StatusBadRequest, code, "%v", out)
+			require.Equal(t, "invalid_request", errCode(out))
+			field, _ := out["error"].(map[string]any)["field"].(string)
+			require.Equal(t, c.field, field)
+			code, _ = s.admin(t, http.MethodGet, "keys/new-1", nil)
+			require.Equal(t, http.StatusNotFound, code, "nothing written")
+			_, out = s.admin(t, http.MethodGet, "keys/b1", nil)
+			require.EqualValues(t, 1, out["max_concurrent_uses"], "nothing written")
+		}
+
+		many := make([]any, 1001)
+		for i := range many {
+			many[i] = key(fmt.Sprintf("m%04d", i), 1)
+		}
+		code, out = s.admin(t, http.MethodPut, "keys", many)
+		require.Equal(t, http.StatusBadRequest, code, "%v", out)
+		code, out = s.admin(t, http.MethodPut, "keys", many[:1000])
+		require.Equal(t, http.StatusOK, code, "1,000 keys, over the 64 KiB of other bodies: %v", out)
+		require.EqualValues(t, 1000, out["written"])
+	})
+}
+
 // The secret appears only in the allocate response: not in Redis, the logs,
 // /metrics or the admin API.
 func TestHTTPSecretStaysInCatalog(t *testing.T) {
@@ -703,7 +763,7 @@ func TestHTTPSecretStaysInCatalog(t *testing.T) {
 	for _, path := range []string{"/metrics", "/api/admin/keys", "/api/admin/keys/k"} {
 		req, _ := http.NewRequest(http.MethodGet, s.url+path, nil)
 		req.Header.Set("X-Admin-Key", adminKey)
-		resp, err := http.DefaultClient.Do(req)
+		resp, err := openapitest.Client(nil).Do(req)
 		require.NoError(t, err)
 		body, _ := io.ReadAll(resp.Body)
 		_ = resp.Body.Close()

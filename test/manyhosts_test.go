@@ -22,12 +22,15 @@ import (
 // over the services. Under load, a key is disabled through one service,
 // then the replication links of one master are cut (its replicas stopped),
 // the master is killed with SIGKILL, and a replica, resumed, takes over.
-// By the callers' own clocks (holding from a grant's answer to the report
-// that releases it): no key ever had more holders than its limit, no
-// fencing token was handed out twice, the disabled key was never granted
-// to a request that started after the disable returned, the keys of the
-// other masters kept granting during the outage, and every 503 fell
-// between the cut and the promotion.
+// The other masters' keys have room for every caller (6 keys of limit 8
+// on each), so no allocate may fail at all: not while the replication
+// links are cut (a grant no replica acknowledges is given back and the
+// next key tried), not while the master is down (its keys are skipped),
+// not while the slot map changes. By the callers' own clocks (holding from
+// a grant's answer to the report that releases it) no key ever had more
+// holders than its limit, no fencing token was handed out twice, and the
+// disabled key was never granted to a request that started after the
+// disable returned.
 func TestManyHosts(t *testing.T) {
 	pg := pgtest.URL(t)
 	c := redistest.StartClusterN(t, 3, 2)
@@ -37,13 +40,14 @@ func TestManyHosts(t *testing.T) {
 	for range 3 {
 		services = append(services, startService(t, serviceOptions{postgres: pg, redisURL: url, redisCluster: true, minReplicas: 1}))
 	}
+	const limit = 8
 	victim := c.Nodes[0]
 	taken := map[string]bool{}
 	onVictim := map[string]bool{}
 	for _, m := range c.Nodes[:3] {
-		for range 4 {
+		for range 6 {
 			id := keyOn(t, c, m, taken)
-			services[0].putKey(t, id, "default", 3, nil)
+			services[0].putKey(t, id, "default", limit, nil)
 			onVictim[id] = m == victim
 		}
 	}
@@ -57,7 +61,8 @@ func TestManyHosts(t *testing.T) {
 		fences   = map[string]bool{}
 		problems []string
 		grants   []hostGrant
-		failures []time.Time
+		failures []string
+		begin    = time.Now()
 		stop     = make(chan struct{})
 		wg       sync.WaitGroup
 	)
@@ -80,23 +85,18 @@ func TestManyHosts(t *testing.T) {
 					mu.Unlock()
 					return
 				}
-				switch code {
-				case http.StatusOK:
-				case http.StatusServiceUnavailable:
+				if code != http.StatusOK {
 					mu.Lock()
-					failures = append(failures, time.Now())
+					failures = append(failures, fmt.Sprintf("%v: %d %v", time.Since(begin).Round(time.Millisecond), code, g["error"]))
 					mu.Unlock()
 					time.Sleep(5 * time.Millisecond)
-					continue
-				default:
-					time.Sleep(time.Millisecond)
 					continue
 				}
 				key, _ := g["key_id"].(string)
 				fence := fmt.Sprintf("%s/%.0f", key, g["fencing_token"])
 				mu.Lock()
 				holders[key]++
-				if holders[key] > 3 {
+				if holders[key] > limit {
 					problems = append(problems, fmt.Sprintf("%s has %d holders", key, holders[key]))
 				}
 				if fences[fence] {
@@ -150,6 +150,8 @@ func TestManyHosts(t *testing.T) {
 	wg.Wait()
 
 	require.Empty(t, problems)
+	require.Empty(t, failures, "allocates that failed (time since the start; cut at %v, promoted at %v)",
+		cut.Sub(begin).Round(time.Millisecond), promotedAt.Sub(begin).Round(time.Millisecond))
 	var during, afterDisable int
 	for _, g := range grants {
 		if g.key == disabled && g.start.After(disabledAt) {
@@ -161,18 +163,14 @@ func TestManyHosts(t *testing.T) {
 	}
 	require.Zero(t, afterDisable, "the disabled key granted after the disable returned")
 	require.Positive(t, during, "the other masters' keys granted during the outage")
-	for _, f := range failures {
-		require.True(t, f.After(cut) && f.Before(promotedAt.Add(5*time.Second)),
-			"a 503 at %v, outside the outage (cut %v, promoted %v)", f, cut, promotedAt)
-	}
 	again := time.Duration(0)
 	for _, g := range grants {
 		if onVictim[g.key] && g.start.After(promotedAt) && (again == 0 || g.at.Sub(promotedAt) < again) {
 			again = g.at.Sub(promotedAt)
 		}
 	}
-	t.Logf("%d grants, %d 503s during the outage; %s promoted %v after the cut; the dead master's keys granted again %v after that",
-		len(grants), len(failures), promoted.Addr, promotedAt.Sub(cut).Round(time.Millisecond), again.Round(time.Millisecond))
+	t.Logf("%d grants, %d of them during the outage; %s promoted %v after the cut; the dead master's keys granted again %v after that",
+		len(grants), during, promoted.Addr, promotedAt.Sub(cut).Round(time.Millisecond), again.Round(time.Millisecond))
 }
 
 type hostGrant struct {

@@ -126,3 +126,43 @@ func TestRenewNeverContends(t *testing.T) {
 	close(stop)
 	wg.Wait()
 }
+
+// A lease written before the owner was part of its member (the bare lease
+// id, its record named after it) expires harmlessly: it holds its slot
+// until then, this version cannot release or renew it (lost, as for an
+// unknown lease: its holder stops), and the first grant after its expiry
+// prunes it with its record.
+func TestOldFormatLeaseExpires(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	store, err := optimistic.New(rdb, nil)
+	require.NoError(t, err)
+	ctx := t.Context()
+	syncKey(t, store, "k", optimistic.StatusAvailable)
+	keys := redisschema.Schema{Prefix: redisschema.DefaultPrefix}
+	// The server runs on this host: its clock is ours.
+	until := time.Now().Add(time.Second).UnixMilli()
+	_, err = rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.ZAdd(ctx, keys.Leases("k"), redis.Z{Score: float64(until), Member: "old-lease"})
+		p.HSet(ctx, keys.Lease("k", "old-lease"), "key_id", "k", "provider", "openai", "pool", "default", "lease_until", until, "fence", 1)
+		p.PExpireAt(ctx, keys.Lease("k", "old-lease"), time.UnixMilli(until).Add(time.Minute))
+		return nil
+	})
+	require.NoError(t, err)
+	ref := optimistic.LeaseRef{Provider: "openai", Pool: "default", KeyID: "k", LeaseID: "old-lease"}
+
+	_, _, err = allocateK(ctx, store)
+	require.ErrorIs(t, err, optimistic.ErrNoCapacity, "it holds its slot")
+	_, err = store.Renew(ctx, ref, time.Minute)
+	require.ErrorIs(t, err, optimistic.ErrLeaseLost)
+	err = store.Release(ctx, ref)
+	require.ErrorIs(t, err, optimistic.ErrLeaseLost)
+	require.NotErrorIs(t, err, optimistic.ErrLeaseMismatch)
+	require.Len(t, srv.Find(t, "old-lease"), 2, "neither refusal wrote")
+
+	time.Sleep(time.Until(time.UnixMilli(until)) + 20*time.Millisecond)
+	_, st, err := allocateK(ctx, store)
+	require.NoError(t, err)
+	require.Equal(t, 1, st.Pruned)
+	require.Empty(t, srv.Find(t, "old-lease"), "pruned with its record")
+}

@@ -3,6 +3,7 @@ package test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -60,6 +61,94 @@ func TestAllocateRoundTrips(t *testing.T) {
 		require.Equal(t, int64(2), rt.Pipelines.Load(), "cluster=%v: one read per candidate", onCluster)
 		require.Equal(t, int64(2), rt.Commands.Load(), "cluster=%v: one UNWATCH per skipped candidate", onCluster)
 	}
+}
+
+// A release is one MULTI (TIME, ZSCORE, ZREM, DEL) and no lone command,
+// on standalone and on Cluster (on the node that owns the key). A release
+// that matches no lease, under a wrong provider, pool or key id, or of a
+// lease already released, writes nothing at all and costs one more read
+// (ZRANGE), which tells a mismatch from an unknown lease.
+func TestReleaseRoundTrips(t *testing.T) {
+	for _, onCluster := range []bool{false, true} {
+		start := redistest.Start
+		if onCluster {
+			start = redistest.StartCluster
+		}
+		rdb := start(t).Client(t)
+		store, err := optimistic.New(rdb, nil)
+		require.NoError(t, err)
+		ctx := t.Context()
+		syncKey(t, store, "k", optimistic.StatusAvailable)
+		syncKey(t, store, "other", optimistic.StatusAvailable)
+		l, _, err := allocateK(ctx, store)
+		require.NoError(t, err)
+		_, _, err = allocateK(ctx, store)
+		require.ErrorIs(t, err, optimistic.ErrNoCapacity, "limit 1")
+
+		node := rdb
+		if onCluster {
+			node, err = rdb.(*redis.ClusterClient).MasterForKey(ctx, "x")
+			require.NoError(t, err)
+		}
+		var rt redisproc.RoundTrips
+		node.AddHook(&rt)
+
+		before := snapshot(t, node.(*redis.Client))
+		for _, c := range []struct {
+			name     string
+			ref      optimistic.LeaseRef
+			mismatch bool
+		}{
+			{name: "provider", ref: optimistic.LeaseRef{Provider: "anthropic", Pool: l.Pool, KeyID: l.KeyID, LeaseID: l.LeaseID}, mismatch: true},
+			{name: "pool", ref: optimistic.LeaseRef{Provider: l.Provider, Pool: "vip", KeyID: l.KeyID, LeaseID: l.LeaseID}, mismatch: true},
+			{name: "key id", ref: optimistic.LeaseRef{Provider: l.Provider, Pool: l.Pool, KeyID: "other", LeaseID: l.LeaseID}},
+			{name: "lease id", ref: optimistic.LeaseRef{Provider: l.Provider, Pool: l.Pool, KeyID: l.KeyID, LeaseID: "never-granted"}},
+		} {
+			rt.Reset()
+			err := store.Release(ctx, c.ref)
+			require.ErrorIs(t, err, optimistic.ErrLeaseLost, "cluster=%v, wrong %s", onCluster, c.name)
+			if c.mismatch {
+				require.ErrorIs(t, err, optimistic.ErrLeaseMismatch, "cluster=%v, wrong %s", onCluster, c.name)
+			} else {
+				require.NotErrorIs(t, err, optimistic.ErrLeaseMismatch, "cluster=%v, wrong %s", onCluster, c.name)
+			}
+			require.Equal(t, int64(1), rt.Pipelines.Load(), "cluster=%v, wrong %s: the MULTI", onCluster, c.name)
+			require.Equal(t, int64(1), rt.Commands.Load(), "cluster=%v, wrong %s: the ZRANGE that says why", onCluster, c.name)
+			require.Equal(t, before, snapshot(t, node.(*redis.Client)), "cluster=%v, wrong %s: nothing written", onCluster, c.name)
+		}
+
+		rt.Reset()
+		require.NoError(t, store.Release(ctx, l.LeaseRef))
+		require.Equal(t, int64(1), rt.Pipelines.Load(), "cluster=%v: one MULTI", onCluster)
+		require.Zero(t, rt.Commands.Load(), "cluster=%v: no lone command", onCluster)
+		infos, err := store.Inspect(ctx, "k")
+		require.NoError(t, err)
+		require.Zero(t, infos[0].Live, "cluster=%v: released", onCluster)
+
+		rt.Reset()
+		err = store.Release(ctx, l.LeaseRef)
+		require.ErrorIs(t, err, optimistic.ErrLeaseLost, "cluster=%v: released twice", onCluster)
+		require.NotErrorIs(t, err, optimistic.ErrLeaseMismatch)
+		require.Equal(t, int64(2), rt.Total(), "cluster=%v: the MULTI and the ZRANGE", onCluster)
+	}
+}
+
+// snapshot is every key on rdb's server with its serialized value and
+// expiry: equal snapshots mean nothing was written in between.
+func snapshot(t *testing.T, rdb *redis.Client) map[string]string {
+	t.Helper()
+	ctx := context.Background()
+	names, err := rdb.Keys(ctx, "*").Result()
+	require.NoError(t, err)
+	out := make(map[string]string, len(names))
+	for _, name := range names {
+		dump, err := rdb.Dump(ctx, name).Result()
+		require.NoError(t, err)
+		at, err := rdb.PExpireTime(ctx, name).Result()
+		require.NoError(t, err)
+		out[name] = fmt.Sprintf("%q expires %d", dump, at)
+	}
+	return out
 }
 
 // Through go-redis's own WATCH (a Ring here, as a cluster slot that just
@@ -122,8 +211,9 @@ func TestUnacknowledgedGrantRoundTrips(t *testing.T) {
 
 // After an EXEC reply is lost, the recheck's read takes the lease's fence
 // along: no read of its own. Without MinReplicas the adopted grant then
-// costs an UNWATCH; with it, the acknowledged rewrite's EXEC clears the
-// watch, and an unacknowledged grant is given back in one MULTI.
+// costs an UNWATCH; with it,
+// the acknowledged rewrite's EXEC clears the watch, and an unacknowledged
+// grant is given back in one MULTI.
 func TestLostReplyRecoveryRoundTrips(t *testing.T) {
 	const recheck = "watch time hmget zrange hmget"
 	for _, c := range []struct {

@@ -6,6 +6,7 @@ import (
 
 	"github.com/google/uuid"
 
+	rs "github.com/credpool/credpool/internal/redisschema"
 	"github.com/credpool/credpool/optimistic"
 )
 
@@ -53,9 +54,10 @@ func (s *Store) Allocate(ctx context.Context, req optimistic.AllocateRequest) (o
 // claim runs allocate.lua on one candidate: {1, lease_until, fence, pruned}
 // on a grant, else {0, free_at, held}.
 func (s *Store) claim(ctx context.Context, req optimistic.AllocateRequest, keyID, leaseID string) ([]int64, error) {
-	keys := []string{s.keys.Key(keyID), s.keys.Leases(keyID), s.keys.Lease(keyID, leaseID)}
+	member := rs.Member(leaseID, req.Provider, req.Pool)
+	keys := []string{s.keys.Key(keyID), s.keys.Leases(keyID), s.keys.Lease(keyID, member)}
 	return allocateScript.Run(ctx, s.rdb, keys,
-		keyID, req.Provider, req.Pool, leaseID, req.TTL.Milliseconds(),
+		keyID, req.Provider, req.Pool, member, req.TTL.Milliseconds(),
 		s.opts.RecordGrace.Milliseconds(), s.keys.Lease(keyID, ""),
 	).Int64Slice()
 }

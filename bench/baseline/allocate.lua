@@ -4,11 +4,12 @@
 --
 -- KEYS[1]  key HASH          <prefix>:key:{<key_id>}
 -- KEYS[2]  lease ZSET        <prefix>:key:{<key_id>}:leases
--- KEYS[3]  new lease record  <prefix>:key:{<key_id>}:lease:<lease_id>
+-- KEYS[3]  new lease record  <prefix>:key:{<key_id>}:lease:<member>
 -- ARGV[1]  key id
 -- ARGV[2]  provider
 -- ARGV[3]  pool
--- ARGV[4]  lease id, fresh per Allocate call
+-- ARGV[4]  lease member, <lease_id>/<provider>/<pool> (redisschema.Member),
+--          its lease id fresh per Allocate call
 -- ARGV[5]  lease ttl in ms, at least 1
 -- ARGV[6]  record grace in ms: the record expires this long after the lease
 -- ARGV[7]  lease record name prefix, <prefix>:key:{<key_id>}:lease: ; the
@@ -20,11 +21,11 @@
 -- itself), and 1 if that is when a held lease ends, else 0.
 
 local now = now_ms()
-local leases, lease_id = KEYS[2], ARGV[4]
+local leases, member = KEYS[2], ARGV[4]
 
 -- go-redis resends a script after a broken connection; if the lost run had
 -- granted, return that lease instead of taking a second slot.
-local mine = redis.call('ZSCORE', leases, lease_id)
+local mine = redis.call('ZSCORE', leases, member)
 if mine and tonumber(mine) > now then
 	return {1, tonumber(mine), int(redis.call('HGET', KEYS[3], 'fence')) or 0, 0}
 end
@@ -50,7 +51,7 @@ if ok and live < limit then
 	-- optimistic.NextFence; formatted as an integer, since Redis would write
 	-- a Lua number this large in exponent notation.
 	local fence = string.format('%.0f', math.max((int(k[6]) or 0) + 1, now_us()))
-	redis.call('ZADD', leases, expiry, lease_id)
+	redis.call('ZADD', leases, expiry, member)
 	redis.call('HSET', KEYS[3], 'key_id', ARGV[1], 'provider', ARGV[2], 'pool', ARGV[3],
 		'lease_until', expiry, 'fence', fence)
 	redis.call('PEXPIREAT', KEYS[3], expiry + tonumber(ARGV[6]))

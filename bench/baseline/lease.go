@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	rs "github.com/credpool/credpool/internal/redisschema"
 	"github.com/credpool/credpool/optimistic"
 )
 
@@ -18,7 +19,7 @@ func (s *Store) Release(ctx context.Context, ref optimistic.LeaseRef) error {
 	if err := ref.Validate(); err != nil {
 		return err
 	}
-	why, err := releaseScript.Run(ctx, s.rdb, s.leaseKeys(ref), ref.KeyID, ref.Provider, ref.Pool, ref.LeaseID).Text()
+	why, err := releaseScript.Run(ctx, s.rdb, s.leaseKeys(ref), member(ref), ref.LeaseID).Text()
 	if err != nil {
 		return optimistic.Classify(ctx, "release", err)
 	}
@@ -40,7 +41,7 @@ func (s *Store) Renew(ctx context.Context, ref optimistic.LeaseRef, ttl time.Dur
 		return time.Time{}, err
 	}
 	res, err := renewScript.Run(ctx, s.rdb, s.leaseKeys(ref),
-		ref.KeyID, ref.Provider, ref.Pool, ref.LeaseID, ttl.Milliseconds(), s.opts.RecordGrace.Milliseconds(),
+		member(ref), ref.LeaseID, ttl.Milliseconds(), s.opts.RecordGrace.Milliseconds(),
 	).Result()
 	if err != nil {
 		return time.Time{}, optimistic.Classify(ctx, "renew", err)
@@ -54,8 +55,11 @@ func (s *Store) Renew(ctx context.Context, ref optimistic.LeaseRef, ttl time.Dur
 
 // leaseKeys are KEYS of release.lua and renew.lua.
 func (s *Store) leaseKeys(ref optimistic.LeaseRef) []string {
-	return []string{s.keys.Leases(ref.KeyID), s.keys.Lease(ref.KeyID, ref.LeaseID)}
+	return []string{s.keys.Leases(ref.KeyID), s.keys.Lease(ref.KeyID, member(ref))}
 }
+
+// member is ref's member in its key's lease ZSET.
+func member(ref optimistic.LeaseRef) string { return rs.Member(ref.LeaseID, ref.Provider, ref.Pool) }
 
 // notHeld turns a script's reason for refusing a lease into the contract's
 // error, worded as every store words it.

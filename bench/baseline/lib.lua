@@ -50,21 +50,24 @@ local function usable(status, cooldown_until, now)
 	return false
 end
 
--- holder returns nil if the lease record and lease ZSET say the caller holds
--- a live lease, else why not: 'unknown' (no record, which a wrong key id also
--- gives since the record lives under the key), 'mismatch' (another key,
--- provider or pool) or 'expired' (even if not pruned yet).
-local function holder(record, leases, key_id, provider, pool, lease_id, now)
-	local r = redis.call('HMGET', record, 'key_id', 'provider', 'pool')
-	if not r[1] or r[1] == '' then
-		return 'unknown'
+-- holder returns nil if the lease ZSET holds member (lease_id under the
+-- caller's provider and pool, redisschema.Member) unexpired, else why not:
+-- 'expired' (even if not pruned yet), 'mismatch' (lease_id is there under
+-- another provider or pool) or 'unknown' (not there, which a wrong key id
+-- also gives since the ZSET is the key's).
+local function holder(leases, member, lease_id, now)
+	local expiry = redis.call('ZSCORE', leases, member)
+	if expiry then
+		if tonumber(expiry) <= now then
+			return 'expired'
+		end
+		return nil
 	end
-	if r[1] ~= key_id or r[2] ~= provider or r[3] ~= pool then
-		return 'mismatch'
+	local prefix = lease_id .. '/'
+	for _, m in ipairs(redis.call('ZRANGE', leases, 0, -1)) do
+		if string.sub(m, 1, #prefix) == prefix then
+			return 'mismatch'
+		end
 	end
-	local expiry = redis.call('ZSCORE', leases, lease_id)
-	if not expiry or tonumber(expiry) <= now then
-		return 'expired'
-	end
-	return nil
+	return 'unknown'
 end

@@ -2,24 +2,22 @@
 -- is never recreated (ZADD XX).
 --
 -- KEYS[1]  lease ZSET    <prefix>:key:{<key_id>}:leases
--- KEYS[2]  lease record  <prefix>:key:{<key_id>}:lease:<lease_id>
--- ARGV[1]  key id
--- ARGV[2]  provider
--- ARGV[3]  pool
--- ARGV[4]  lease id
--- ARGV[5]  lease ttl in ms, at least 1
--- ARGV[6]  record grace in ms: the record expires this long after the lease
+-- KEYS[2]  lease record  <prefix>:key:{<key_id>}:lease:<member>
+-- ARGV[1]  lease member, <lease_id>/<provider>/<pool> (redisschema.Member)
+-- ARGV[2]  lease id
+-- ARGV[3]  lease ttl in ms, at least 1
+-- ARGV[4]  record grace in ms: the record expires this long after the lease
 --
 -- Returns the new lease_until in ms, or why not ('unknown', 'mismatch',
 -- 'expired'; see holder in lib.lua), in which case it wrote nothing.
 
 local now = now_ms()
-local why = holder(KEYS[2], KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4], now)
+local why = holder(KEYS[1], ARGV[1], ARGV[2], now)
 if why then
 	return why
 end
-local expiry = now + tonumber(ARGV[5])
-redis.call('ZADD', KEYS[1], 'XX', expiry, ARGV[4])
+local expiry = now + tonumber(ARGV[3])
+redis.call('ZADD', KEYS[1], 'XX', expiry, ARGV[1])
 redis.call('HSET', KEYS[2], 'lease_until', expiry)
-redis.call('PEXPIREAT', KEYS[2], expiry + tonumber(ARGV[6]))
+redis.call('PEXPIREAT', KEYS[2], expiry + tonumber(ARGV[4]))
 return expiry

@@ -9,12 +9,12 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"text/tabwriter"
 	"time"
 
@@ -48,9 +48,12 @@ terminal); it is never printed.
 
 import reads CSV with a header row (columns id, provider, pool, models,
 secret, max_concurrent_uses, status; id, provider, models and secret
-required; models separated by spaces) or JSON lines (the same names,
-models an array). Every row is checked before any is written; a bad row
-is named by its line and nothing is written. Rows whose key already has
+required; models separated by spaces; no comment lines) or JSON lines
+(the same names, models an array). Every row is checked before any is
+written; a bad row is named by its line and nothing is written. Up to
+1,000 keys are written in one request, all or none; a larger import is
+sent in batches of 1,000, and a batch that fails leaves the earlier ones
+written (run it again to write the rest). Rows whose key already has
 the same provider, pool, models, status and limit are left alone, so a
 second run changes nothing: the secret is not compared, since the service
 never shows it (--update-secrets writes every row). An empty status or
@@ -63,6 +66,8 @@ type cli struct {
 	stdin          io.Reader
 	stdout, stderr io.Writer
 	getenv         func(string) string
+	// http sends the admin requests; nil: the client's default.
+	http *http.Client
 }
 
 // runAdmin runs "credpool keys …" or "credpool aliases …".
@@ -111,7 +116,7 @@ func (c cli) run(cmd string, args []string) error {
 	if len(pos) != n {
 		return fmt.Errorf("credpool %s: want %d argument(s), got %d", sub, n, len(pos))
 	}
-	adm, err := common.admin(c.getenv)
+	adm, err := common.admin(c.getenv, c.http)
 	if err != nil {
 		return err
 	}
@@ -188,8 +193,9 @@ func (f *commonFlags) register(fs *flag.FlagSet, getenv func(string) string) {
 	fs.DurationVar(&f.timeout, "timeout", 5*time.Minute, "bound on the whole command")
 }
 
-// admin checks the flags and returns the admin client.
-func (f *commonFlags) admin(getenv func(string) string) (*client.Admin, error) {
+// admin checks the flags and returns the admin client, sending through hc
+// (nil: the client's default).
+func (f *commonFlags) admin(getenv func(string) string, hc *http.Client) (*client.Admin, error) {
 	if f.output != "table" && f.output != "json" {
 		return nil, errors.New("-o: want table or json")
 	}
@@ -207,7 +213,7 @@ func (f *commonFlags) admin(getenv func(string) string) (*client.Admin, error) {
 	if key == "" {
 		return nil, errors.New("no admin key: set CREDPOOL_ADMIN_KEY or --admin-key-file")
 	}
-	return client.NewAdmin(f.url, key, nil)
+	return client.NewAdmin(f.url, key, &client.Options{HTTPClient: hc})
 }
 
 // output writes results as a table (text) or JSON.
@@ -310,28 +316,26 @@ type importFlags struct {
 	format        string
 	dryRun        bool
 	updateSecrets bool
-	parallel      int
 }
 
 func (f *importFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.format, "format", "", "csv or jsonl (default: by the file's extension; csv for standard input)")
 	fs.BoolVar(&f.dryRun, "dry-run", false, "check the file and show what would change; write nothing")
 	fs.BoolVar(&f.updateSecrets, "update-secrets", false, "write every row, also those that match (to rotate secrets)")
-	fs.IntVar(&f.parallel, "parallel", 4, "keys written at once")
 }
 
 // row is one key of an import file, as read, before any default.
 type row struct {
-	Line     int      `json:"-"`
-	ID       string   `json:"id"`
-	Provider string   `json:"provider"`
-	Pool     string   `json:"pool"`
-	Models   []string `json:"models"`
+	Line     int
+	ID       string
+	Provider string
+	Pool     string
+	Models   []string
 	// Secret is never printed: client.Secret redacts itself.
-	Secret client.Secret `json:"-"`
-	Status string        `json:"status"`
+	Secret client.Secret
+	Status string
 	// Limit is max_concurrent_uses as written; empty keeps (or defaults).
-	Limit string `json:"-"`
+	Limit string
 }
 
 // check returns what is wrong with r but its secret (read apart), naming
@@ -443,13 +447,18 @@ func readRows(in io.Reader, format string) ([]row, []string, error) {
 // csvColumns are the columns an import CSV may have.
 var csvColumns = []string{"id", "provider", "pool", "models", "secret", "max_concurrent_uses", "status"}
 
+// readCSV reads an import CSV. It has no comment lines: a row whose id
+// starts with # is a row, and its id is refused like any bad id.
 func readCSV(in io.Reader) ([]row, error) {
 	cr := csv.NewReader(in)
 	cr.TrimLeadingSpace = true
-	cr.Comment = '#'
 	header, err := cr.Read()
 	if err != nil {
 		return nil, fmt.Errorf("CSV header: %w", err)
+	}
+	if len(header) > 0 {
+		// Spreadsheets save UTF-8 with a byte order mark.
+		header[0] = strings.TrimPrefix(header[0], "\ufeff")
 	}
 	col := map[string]int{}
 	for i, h := range header {
@@ -542,9 +551,6 @@ func (c cli) importKeys(ctx context.Context, adm *client.Admin, out output, path
 	if format != "csv" && format != "jsonl" {
 		return errors.New("--format: want csv or jsonl")
 	}
-	if f.parallel < 1 {
-		return errors.New("--parallel: want at least 1")
-	}
 	in := c.stdin
 	if path != "-" {
 		file, err := os.Open(path)
@@ -591,56 +597,39 @@ func (c cli) importKeys(ctx context.Context, adm *client.Admin, out output, path
 		writes = append(writes, r)
 	}
 	if !f.dryRun {
-		if err := putAll(ctx, adm, writes, stored, f.parallel); err != nil {
+		if err := putAll(ctx, adm, writes, stored); err != nil {
 			return err
 		}
 	}
 	return out.plan(plan)
 }
 
-// putAll writes rows, parallel at a time. It stops at the first failure
-// and says how far it got: a rerun finishes the job, since rows already
-// written then match.
-func putAll(ctx context.Context, adm *client.Admin, rows []row, stored map[string]*client.Key, parallel int) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var (
-		mu    sync.Mutex
-		first error
-		wrote int
-		next  = make(chan row)
-		wg    sync.WaitGroup
-	)
-	for range min(parallel, max(len(rows), 1)) {
-		wg.Go(func() {
-			for r := range next {
-				_, err := adm.PutKey(ctx, r.ID, r.spec(stored[r.ID]))
-				mu.Lock()
-				if err == nil {
-					wrote++
-				} else if first == nil {
-					first = fmt.Errorf("line %d (%s): %w", r.Line, r.ID, err)
-					cancel()
-				}
-				mu.Unlock()
-			}
-		})
-	}
-send:
-	for _, r := range rows {
-		select {
-		case next <- r:
-		case <-ctx.Done():
-			break send
+// putAll writes rows in batches of client.MaxPutKeys, one request each,
+// which the service writes whole or not at all. It stops at the first
+// failure and says how far it got: a rerun finishes the job, since rows
+// already written then match.
+func putAll(ctx context.Context, adm *client.Admin, rows []row, stored map[string]*client.Key) error {
+	for start := 0; start < len(rows); start += client.MaxPutKeys {
+		batch := rows[start:min(start+client.MaxPutKeys, len(rows))]
+		keys := make([]client.KeyPut, len(batch))
+		for i, r := range batch {
+			keys[i] = client.KeyPut{ID: r.ID, KeySpec: r.spec(stored[r.ID])}
 		}
-	}
-	close(next)
-	wg.Wait()
-	if first == nil && wrote < len(rows) {
-		first = ctx.Err()
-	}
-	if first != nil {
-		return fmt.Errorf("wrote %d of %d keys, then %w; run the import again to write the rest", wrote, len(rows), first)
+		err := adm.PutKeys(ctx, keys)
+		var refused *client.Error
+		switch {
+		case err == nil:
+			continue
+		case errors.As(err, &refused) && refused.StatusCode < 500 && start == 0:
+			return fmt.Errorf("%w; nothing written", err)
+		case errors.As(err, &refused) && refused.StatusCode < 500:
+			return fmt.Errorf("wrote %d of %d keys, then lines %d to %d: %w; none of them written",
+				start, len(rows), batch[0].Line, batch[len(batch)-1].Line, err)
+		}
+		// No answer, or a 503 that may come after the write (the lease
+		// store's sync): the batch is written whole or not at all.
+		return fmt.Errorf("wrote %d of %d keys, then lines %d to %d: %w; they are written all or none: run the import again to finish (and POST /api/admin/sync if the lease store failed)",
+			start, len(rows), batch[0].Line, batch[len(batch)-1].Line, err)
 	}
 	return nil
 }

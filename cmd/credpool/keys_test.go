@@ -4,24 +4,37 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/credpool/credpool/client"
+	"github.com/credpool/credpool/test/openapitest"
 )
 
 // adminCLI runs admin commands against one credpool serve process, its
 // URL and admin key in the environment as an operator would set them.
+// Every exchange, the commands' and the test's own, is checked against
+// the OpenAPI document.
 type adminCLI struct {
-	t   *testing.T
-	env map[string]string
-	adm *client.Admin
+	t    *testing.T
+	env  map[string]string
+	adm  *client.Admin
+	http *http.Client
+	// bulkPuts counts the commands' PUT /api/admin/keys requests.
+	bulkPuts atomic.Int32
 }
+
+// roundTripFunc is a RoundTripper of a function.
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
 
 // startAdmin runs "credpool serve --dev --demo" (what make run starts),
 // with known keys.
@@ -30,9 +43,17 @@ func startAdmin(t *testing.T) *adminCLI {
 	db := filepath.Join(t.TempDir(), "credpool.db")
 	p := startServe(t, []string{"CREDPOOL_INTERNAL_KEY=" + internalK, "CREDPOOL_ADMIN_KEY=" + adminK}, "--dev", "--demo", "--db", db)
 	url := "http://" + p.addr
-	adm, err := client.NewAdmin(url, adminK, nil)
+	adm, err := client.NewAdmin(url, adminK, &client.Options{HTTPClient: openapitest.Client(nil)})
 	require.NoError(t, err)
-	return &adminCLI{t: t, env: map[string]string{"CREDPOOL_URL": url, "CREDPOOL_ADMIN_KEY": adminK}, adm: adm}
+	a := &adminCLI{t: t, env: map[string]string{"CREDPOOL_URL": url, "CREDPOOL_ADMIN_KEY": adminK}, adm: adm}
+	checked := openapitest.Transport(nil)
+	a.http = &http.Client{Transport: roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		if r.Method == http.MethodPut && r.URL.Path == "/api/admin/keys" {
+			a.bulkPuts.Add(1)
+		}
+		return checked.RoundTrip(r)
+	})}
+	return a
 }
 
 // run runs "credpool args..." with stdin; it returns standard output,
@@ -40,7 +61,7 @@ func startAdmin(t *testing.T) *adminCLI {
 func (a *adminCLI) run(stdin string, args ...string) (string, string, error) {
 	a.t.Helper()
 	var out, errOut bytes.Buffer
-	c := cli{stdin: strings.NewReader(stdin), stdout: &out, stderr: &errOut, getenv: func(k string) string { return a.env[k] }}
+	c := cli{stdin: strings.NewReader(stdin), stdout: &out, stderr: &errOut, getenv: func(k string) string { return a.env[k] }, http: a.http}
 	err := c.run(args[0], args[1:])
 	return out.String(), errOut.String(), err
 }
@@ -107,6 +128,8 @@ func TestKeysImportThousand(t *testing.T) {
 	require.ElementsMatch(t, []string{"gpt-4o-2024-08-06", "gpt-4o-mini"}, k.Models)
 	require.Equal(t, "available", k.Status)
 
+	require.EqualValues(t, 1, a.bulkPuts.Load(), "1,000 keys in one request")
+
 	out, errOut, err = a.run("", "keys", "import", path)
 	require.NoError(t, err, errOut)
 	require.Contains(t, out, "nothing to change: all 1000 key(s) already match")
@@ -115,6 +138,14 @@ func TestKeysImportThousand(t *testing.T) {
 		require.Equal(t, *k.UpdatedAt, again[id], "%s was written again", id)
 	}
 	require.NotContains(t, out+errOut, "sk-import-secret")
+	require.EqualValues(t, 1, a.bulkPuts.Load(), "nothing to write, no request")
+
+	// Beyond 1,000 keys to write, batches of 1,000.
+	out, errOut, err = a.run("", "keys", "import", writeFile(t, "more.csv", importCSV(2001)))
+	require.NoError(t, err, errOut)
+	require.Equal(t, "1001 key(s) created, 0 updated, 1000 unchanged\n", out)
+	require.EqualValues(t, 3, a.bulkPuts.Load())
+	require.Len(t, a.keys(), demo+2001)
 }
 
 // One bad row: nothing is written, and every problem is named by its line,
@@ -151,6 +182,38 @@ func TestKeysImportBadRowWritesNothing(t *testing.T) {
 
 	_, _, err = a.run("", "keys", "import", writeFile(t, "cols.csv", "id,provider,model,secret\n"))
 	require.ErrorContains(t, err, "unknown column 3")
+
+	// A row whose id starts with # is no comment: it is refused by its line.
+	hashed := "id,provider,models,secret\nok-1,openai,m,s1\n#ok-2,openai,m,s2\n"
+	_, errOut, err = a.run("", "keys", "import", writeFile(t, "hash.csv", hashed))
+	require.ErrorContains(t, err, "nothing written")
+	require.Equal(t, "line 3: id: want 1-128 characters of [A-Za-z0-9._-], starting with a letter or digit\n", errOut)
+	require.Equal(t, before, a.written())
+}
+
+// A header saved with a UTF-8 byte order mark (as spreadsheets do) reads
+// as any other.
+func TestKeysImportCSVWithBOM(t *testing.T) {
+	a := startAdmin(t)
+	out, errOut, err := a.run("", "keys", "import", writeFile(t, "bom.csv", "\ufeff"+importCSV(2)))
+	require.NoError(t, err, errOut)
+	require.Equal(t, "2 key(s) created, 0 updated, 0 unchanged\n", out)
+	require.Contains(t, a.keys(), "imp-0001")
+}
+
+// The service refusing the one request of an import (here a secret over
+// its bound on the 30th row, which the command's own checks let through)
+// writes nothing: not the rows before it either.
+func TestKeysImportServiceFailureWritesNothing(t *testing.T) {
+	a := startAdmin(t)
+	before := a.written()
+	lines := strings.Split(strings.TrimSuffix(importCSV(50), "\n"), "\n")
+	lines[30] = "imp-0029,openai,default,gpt-4o-2024-08-06," + strings.Repeat("s", 5<<20) + ",1"
+	out, errOut, err := a.run("", "keys", "import", writeFile(t, "big.csv", strings.Join(lines, "\n")+"\n"))
+	require.ErrorIs(t, err, client.ErrInvalidRequest)
+	require.ErrorContains(t, err, "nothing written")
+	require.Empty(t, out, errOut)
+	require.Equal(t, before, a.written(), "nothing written")
 }
 
 // JSON lines from standard input; a changed row is updated and keeps what

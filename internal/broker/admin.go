@@ -12,6 +12,8 @@ import (
 // AdminCatalog is what key administration needs from the catalog.
 type AdminCatalog interface {
 	Put(ctx context.Context, k catalog.Key) (catalog.Key, error)
+	// PutMany writes every key or none, in one transaction.
+	PutMany(ctx context.Context, keys ...catalog.Key) ([]catalog.Key, error)
 	// Key reads a key without its secret.
 	Key(ctx context.Context, id string) (catalog.Key, error)
 	List(ctx context.Context, provider, pool string) ([]catalog.Key, error)
@@ -57,6 +59,29 @@ func (a *Admin) Put(ctx context.Context, k catalog.Key) (catalog.Key, error) {
 		return catalog.Key{}, catalogErr(ctx, "put key", err)
 	}
 	return a.resync(ctx, stored)
+}
+
+// PutMany is Put for several keys: the catalog checks every key, then
+// writes them all in one transaction (on failure none is written); then
+// they are synced to the store as Sync does, with one read of the store
+// and one of the catalog for all of them (keys the store lost are
+// quarantined; keys on a store server that does not answer are skipped
+// and logged, for a later sync). It returns the keys as the catalog
+// stored them. If the store fails, the catalog keeps every key and the
+// error says so; a later Sync repairs the store.
+func (a *Admin) PutMany(ctx context.Context, keys ...catalog.Key) ([]catalog.Key, error) {
+	stored, err := a.catalog.PutMany(ctx, keys...)
+	if err != nil {
+		return nil, catalogErr(ctx, "put keys", err)
+	}
+	infos, err := a.store.Inspect(ctx, ids(stored)...)
+	if err != nil {
+		return stored, err
+	}
+	if _, err := a.syncAll(ctx, stored, infos); err != nil {
+		return stored, err
+	}
+	return stored, nil
 }
 
 // Keys lists every key with its live state (one store round trip),

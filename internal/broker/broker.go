@@ -8,6 +8,7 @@
 package broker
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -309,6 +310,7 @@ func (b *Broker) allocate(ctx context.Context, req Request, model string) (Grant
 		anyKey    bool
 		serving   bool
 		contended bool
+		down      error                    // the first pool that met an unreachable server
 		stuck     int                      // releases on full candidates that wait for the store
 		wait      optimistic.CapacityError // the soonest a slot frees up
 	)
@@ -337,6 +339,10 @@ func (b *Broker) allocate(ctx context.Context, req Request, model string) (Grant
 		case errors.Is(err, optimistic.ErrContended):
 			// A hot pool is no reason to skip its fallbacks.
 			contended = true
+		case errors.Is(err, optimistic.ErrUnreachable):
+			// Nor is a pool whose free keys may be on a server that is down:
+			// the fallbacks' may answer.
+			down = cmp.Or(down, err)
 		default:
 			return Grant{Stats: g.Stats}, err
 		}
@@ -351,6 +357,10 @@ func (b *Broker) allocate(ctx context.Context, req Request, model string) (Grant
 		// "Full" would blame the callers for slots the store failed to
 		// give back, and still fails to: the store is the problem.
 		return Grant{Stats: g.Stats}, fmt.Errorf("%w: %d releases on these keys wait for the store to recover", optimistic.ErrStore, stuck)
+	case down != nil:
+		// Full would be a lie: the keys that could not be reached may have
+		// room.
+		return Grant{Stats: g.Stats}, down
 	case contended:
 		return Grant{Stats: g.Stats}, fmt.Errorf("%w: provider %s, pools %v", optimistic.ErrContended, req.Provider, pools)
 	case wait.FreeAt.IsZero():

@@ -1,8 +1,10 @@
 package broker
 
 import (
+	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync/atomic"
 	"time"
@@ -158,31 +160,54 @@ func (s syncer[C]) first(k catalog.Key) bool {
 
 // syncAll is sync for every key of keys, whose store state is infos: those
 // that reach the store for the first time are marked in one catalog write,
-// after all are synced. It returns how many it synced.
+// after all are synced. Keys the store cannot reach (a Redis Cluster
+// master that is down) are skipped and logged, unless it reaches none: a
+// later sync, or the repair of an allocate, brings them in. It returns how
+// many it synced.
 func (s syncer[C]) syncAll(ctx context.Context, keys []catalog.Key, infos []optimistic.KeyInfo) (int, error) {
 	now := time.Now()
-	var first []string
+	var (
+		first   []string
+		synced  []catalog.Key
+		skipped []string
+		down    error
+	)
 	for i, k := range keys {
-		if s.lost(k, infos[i]) {
-			if _, _, err := s.sync(ctx, k, infos[i]); err != nil && !errors.Is(err, catalog.ErrNotFound) {
-				return i, err
+		var err error
+		switch {
+		case infos[i].Unreachable:
+			err = fmt.Errorf("%w: %w: key %s", optimistic.ErrStore, optimistic.ErrUnreachable, k.ID)
+		case s.lost(k, infos[i]):
+			if _, _, err = s.sync(ctx, k, infos[i]); errors.Is(err, catalog.ErrNotFound) {
+				err = nil
 			}
+		default:
+			if err = s.store.SyncKey(ctx, k.LeaseState()); err == nil && s.first(k) {
+				first = append(first, k.ID)
+			}
+		}
+		switch {
+		case errors.Is(err, optimistic.ErrUnreachable):
+			skipped, down = append(skipped, k.ID), cmp.Or(down, err)
 			continue
+		case err != nil:
+			return len(synced), err
 		}
-		if err := s.store.SyncKey(ctx, k.LeaseState()); err != nil {
-			return i, err
-		}
-		if s.first(k) {
-			first = append(first, k.ID)
-		}
+		synced = append(synced, k)
 	}
-	if err := s.settleAll(ctx, keys); err != nil {
-		return len(keys), err
+	if len(skipped) > 0 {
+		if len(synced) == 0 {
+			return 0, down
+		}
+		s.log.WarnContext(ctx, "keys not synced: the lease store server holding them does not answer", "key_ids", skipped)
+	}
+	if err := s.settleAll(ctx, synced); err != nil {
+		return len(synced), err
 	}
 	if err := s.catalog.MarkSynced(ctx, s.storeID, now, first...); err != nil && !errors.Is(err, catalog.ErrNotFound) {
-		return len(keys), catalogErr(ctx, "mark synced", err)
+		return len(synced), catalogErr(ctx, "mark synced", err)
 	}
-	return len(keys), nil
+	return len(synced), nil
 }
 
 // settleAll is write's check for syncAll: one List after every key was
@@ -204,7 +229,9 @@ func (s syncer[C]) settleAll(ctx context.Context, synced []catalog.Key) error {
 			err = s.store.DeleteKey(ctx, k.ID)
 		case !sameState(fresh, k):
 			_, err = s.write(ctx, fresh)
-			if errors.Is(err, catalog.ErrNotFound) {
+			if errors.Is(err, catalog.ErrNotFound) || errors.Is(err, optimistic.ErrUnreachable) {
+				// Deleted meanwhile, or its server went away: the next
+				// sync or repair brings it in.
 				err = nil
 			}
 		}

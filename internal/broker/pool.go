@@ -103,7 +103,9 @@ func (p *poolRun) allocate(ctx context.Context, cands []catalog.Key) error {
 		p.grant.Stats.Conflicts += st.Conflicts
 		p.grant.Stats.Pruned += st.Pruned
 		p.grant.Stats.Unreachable += st.Unreachable
-		if errors.Is(err, optimistic.ErrNoCapacity) && !retried {
+		// Full, or full but for keys on a server that is down: repair what
+		// answers.
+		if (errors.Is(err, optimistic.ErrNoCapacity) || errors.Is(err, optimistic.ErrUnreachable)) && !retried {
 			retried = true
 			n, rerr := p.repair(ctx, cands, infos)
 			if rerr != nil {
@@ -148,11 +150,33 @@ func (p *poolRun) rank(ctx context.Context, cands []catalog.Key) ([]string, map[
 	p.mu.Lock()
 	order := p.weights.Rank(rc, now, p.rng)
 	p.mu.Unlock()
-	top := order[:min(p.inspect, len(order))]
-	infos, err := p.store.Inspect(ctx, top...)
-	if err != nil {
-		return nil, nil, err
+	// The best p.inspect that answer: a key whose server is down (a Redis
+	// Cluster master) comes back unread, and the next in order is read in
+	// its place, so a dead master's keys, which rank ever higher as they
+	// go unused, cannot hide the rest.
+	var infos []optimistic.KeyInfo
+	next := 0
+	for read := 0; read < p.inspect && next < len(order); {
+		n := min(p.inspect-read, len(order)-next)
+		got, err := p.store.Inspect(ctx, order[next:next+n]...)
+		if errors.Is(err, optimistic.ErrUnreachable) {
+			// None of these answered; the next may.
+			got = make([]optimistic.KeyInfo, n)
+			for i, id := range order[next : next+n] {
+				got[i] = optimistic.KeyInfo{ID: id, Unreachable: true}
+			}
+		} else if err != nil {
+			return nil, nil, err
+		}
+		next += n
+		for _, in := range got {
+			if !in.Unreachable {
+				read++
+			}
+		}
+		infos = append(infos, got...)
 	}
+	top := order[:next]
 	live := make(map[string]optimistic.KeyInfo, len(infos))
 	rc = rc[:0]
 	for _, in := range infos {

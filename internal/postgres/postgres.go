@@ -57,8 +57,9 @@ func Open(ctx context.Context, rawURL string) (*DB, error) {
 	return &DB{db}, nil
 }
 
-// Redact is rawURL without its password, for messages; a string that is
-// no PostgreSQL URL (a SQLite path) is returned as it is.
+// Redact is rawURL without its passwords (the user's, and the password
+// and sslpassword parameters libpq also takes), for messages; a string
+// that is no PostgreSQL URL (a SQLite path) is returned as it is.
 func Redact(rawURL string) string {
 	if !IsURL(rawURL) {
 		return rawURL
@@ -67,6 +68,13 @@ func Redact(rawURL string) string {
 	if err != nil {
 		return "postgres://…"
 	}
+	q := u.Query()
+	for _, p := range []string{"password", "sslpassword"} {
+		if q.Has(p) {
+			q.Set(p, "xxxxx")
+		}
+	}
+	u.RawQuery = q.Encode()
 	return u.Redacted()
 }
 

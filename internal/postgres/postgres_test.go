@@ -34,6 +34,18 @@ func TestOpenErrorsHideThePassword(t *testing.T) {
 	require.NotContains(t, err.Error(), "hunter2")
 }
 
+func TestRedact(t *testing.T) {
+	for in, want := range map[string]string{
+		"postgres://u:hunter2@h/db":                                   "postgres://u:xxxxx@h/db",
+		"postgres://u@h/db?password=hunter2&sslmode=disable":          "postgres://u@h/db?password=xxxxx&sslmode=disable",
+		"postgresql://h/db?sslpassword=hunter2":                       "postgresql://h/db?sslpassword=xxxxx",
+		"/var/lib/credpool/credpool.db":                               "/var/lib/credpool/credpool.db",
+		"postgres://u@h/db?application_name=credpool&sslmode=require": "postgres://u@h/db?application_name=credpool&sslmode=require",
+	} {
+		require.Equal(t, want, postgres.Redact(in), in)
+	}
+}
+
 func TestIsURL(t *testing.T) {
 	require.True(t, postgres.IsURL("postgres://h/db"))
 	require.True(t, postgres.IsURL("postgresql://h/db"))

@@ -35,9 +35,25 @@ func (s Schema) Key(keyID string) string { return s.Prefix + ":key:{" + keyID + 
 // Leases is the ZSET of the key's leases, scored by expiry in ms.
 func (s Schema) Leases(keyID string) string { return s.Key(keyID) + ":leases" }
 
-// Lease is the HASH recording who a lease belongs to.
-func (s Schema) Lease(keyID, leaseID string) string {
-	return s.Key(keyID) + ":lease:" + leaseID
+// Lease is the HASH recording a lease, named after its Member.
+func (s Schema) Lease(keyID, member string) string {
+	return s.Key(keyID) + ":lease:" + member
+}
+
+// Member is a lease's member in its key's lease ZSET:
+// "<lease id>/<provider>/<pool>". Ids hold no '/', so the owner is part of
+// the name: a release or renewal that gives another provider or pool names
+// another member (and record), and removes or extends nothing. The key id
+// is in the ZSET's own name. Leases written before owners were encoded
+// have the bare lease id as member.
+func Member(leaseID, provider, pool string) string {
+	return leaseID + "/" + provider + "/" + pool
+}
+
+// OfLease reports whether member is a lease of leaseID, under any provider
+// and pool.
+func OfLease(member, leaseID string) bool {
+	return strings.HasPrefix(member, leaseID+"/")
 }
 
 // Request is the string that remembers which lease answered an allocate

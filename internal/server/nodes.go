@@ -27,8 +27,12 @@ type nodeWatch struct {
 	once        sync.Once
 }
 
-// watchNodes checks the nodes once, then every every until stop.
+// watchNodes checks the nodes once, then every every (DefaultClusterRefresh
+// if not positive) until stop.
 func watchNodes(s *optimistic.Store, every time.Duration, log *slog.Logger) *nodeWatch {
+	if every <= 0 {
+		every = DefaultClusterRefresh
+	}
 	w := &nodeWatch{store: s, log: log, down: make(map[string]bool), done: make(chan struct{}), ended: make(chan struct{})}
 	w.check()
 	go func() {
@@ -54,15 +58,18 @@ func (w *nodeWatch) check() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.last = nodes
+	// Only the nodes listed now: one that left (a dead master replaced by
+	// its replica) is forgotten, and logged again if it comes back down.
+	down := make(map[string]bool, len(nodes))
 	for _, n := range nodes {
-		switch down := n.Err != nil; {
-		case down && !w.down[n.Addr]:
+		switch down[n.Addr] = n.Err != nil; {
+		case n.Err != nil && !w.down[n.Addr]:
 			w.log.Warn("lease store node down: keys on it are skipped until it answers", "node", n.Addr, "err", n.Err)
-		case !down && w.down[n.Addr]:
+		case n.Err == nil && w.down[n.Addr]:
 			w.log.Info("lease store node answers again", "node", n.Addr)
 		}
-		w.down[n.Addr] = n.Err != nil
 	}
+	w.down = down
 }
 
 // Nodes is the last check's answer.

@@ -100,7 +100,7 @@ func openStore(ctx context.Context, cfg Config) (leaseStore, error) {
 		closeClient()
 		return leaseStore{}, err
 	}
-	w := watchNodes(s, cmp.Or(cfg.RedisClusterRefresh, DefaultClusterRefresh), cfg.Logger)
+	w := watchNodes(s, cfg.RedisClusterRefresh, cfg.Logger)
 	return leaseStore{name: "redis", id: id, leases: s, requests: requests, nodes: w.Nodes,
 		close: func() { w.stop(); closeClient() }}, nil
 }
