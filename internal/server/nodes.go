@@ -21,7 +21,6 @@ type nodeWatch struct {
 
 	mu   sync.Mutex
 	last []optimistic.NodeHealth
-	down map[string]bool // by address, as last logged
 
 	done, ended chan struct{}
 	once        sync.Once
@@ -33,7 +32,7 @@ func watchNodes(s *optimistic.Store, every time.Duration, log *slog.Logger) *nod
 	if every <= 0 {
 		every = DefaultClusterRefresh
 	}
-	w := &nodeWatch{store: s, log: log, down: make(map[string]bool), done: make(chan struct{}), ended: make(chan struct{})}
+	w := &nodeWatch{store: s, log: log, done: make(chan struct{}), ended: make(chan struct{})}
 	w.check()
 	go func() {
 		defer close(w.ended)
@@ -57,19 +56,22 @@ func (w *nodeWatch) check() {
 	nodes := w.store.Nodes(ctx)
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.last = nodes
-	// Only the nodes listed now: one that left (a dead master replaced by
-	// its replica) is forgotten, and logged again if it comes back down.
-	down := make(map[string]bool, len(nodes))
+	// Compared with the last check only: a node that left the list (a dead
+	// master replaced by its replica) is forgotten, and logged again if it
+	// comes back down.
+	wasDown := make(map[string]bool, len(w.last))
+	for _, n := range w.last {
+		wasDown[n.Addr] = n.Err != nil
+	}
 	for _, n := range nodes {
-		switch down[n.Addr] = n.Err != nil; {
-		case n.Err != nil && !w.down[n.Addr]:
+		switch {
+		case n.Err != nil && !wasDown[n.Addr]:
 			w.log.Warn("lease store node down: keys on it are skipped until it answers", "node", n.Addr, "err", n.Err)
-		case n.Err == nil && w.down[n.Addr]:
+		case n.Err == nil && wasDown[n.Addr]:
 			w.log.Info("lease store node answers again", "node", n.Addr)
 		}
 	}
-	w.down = down
+	w.last = nodes
 }
 
 // Nodes is the last check's answer.

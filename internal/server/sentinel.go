@@ -1,7 +1,6 @@
 package server
 
 import (
-	"cmp"
 	"errors"
 	"fmt"
 	"net"
@@ -62,13 +61,7 @@ func sentinelClient(raw string) (redis.UniversalClient, string, error) {
 	if err != nil {
 		return nil, "", err
 	}
-	o.ContextTimeoutEnabled = true
-	o.DialTimeout = cmp.Or(o.DialTimeout, redisTimeout)
-	o.ReadTimeout = cmp.Or(o.ReadTimeout, redisTimeout)
-	o.WriteTimeout = cmp.Or(o.WriteTimeout, o.ReadTimeout)
-	o.PoolTimeout = cmp.Or(o.PoolTimeout, redisPoolTimeout)
-	o.MaxRetries = cmp.Or(o.MaxRetries, redisRetries)
-	o.DialerRetries = cmp.Or(o.DialerRetries, redisDialAttempts)
+	bound(&o.ContextTimeoutEnabled, &o.DialTimeout, &o.ReadTimeout, &o.WriteTimeout, &o.PoolTimeout, &o.MaxRetries, &o.DialerRetries)
 	return redis.NewFailoverClient(o), sentinelID(o), nil
 }
 

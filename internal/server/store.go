@@ -119,27 +119,29 @@ func redisClient(raw string, cluster bool) (redis.UniversalClient, string, error
 		if err != nil {
 			return nil, "", errBadURL
 		}
-		o.ContextTimeoutEnabled = true
-		o.DialTimeout = cmp.Or(o.DialTimeout, redisTimeout)
-		o.ReadTimeout = cmp.Or(o.ReadTimeout, redisTimeout)
-		o.WriteTimeout = cmp.Or(o.WriteTimeout, o.ReadTimeout)
-		o.PoolTimeout = cmp.Or(o.PoolTimeout, redisPoolTimeout)
-		o.MaxRetries = cmp.Or(o.MaxRetries, redisRetries)
-		o.DialerRetries = cmp.Or(o.DialerRetries, redisDialAttempts)
+		bound(&o.ContextTimeoutEnabled, &o.DialTimeout, &o.ReadTimeout, &o.WriteTimeout, &o.PoolTimeout, &o.MaxRetries, &o.DialerRetries)
 		return redis.NewClusterClient(o), clusterID(o), nil
 	}
 	o, err := redis.ParseURL(raw)
 	if err != nil {
 		return nil, "", errBadURL
 	}
-	o.ContextTimeoutEnabled = true
-	o.DialTimeout = cmp.Or(o.DialTimeout, redisTimeout)
-	o.ReadTimeout = cmp.Or(o.ReadTimeout, redisTimeout)
-	o.WriteTimeout = cmp.Or(o.WriteTimeout, o.ReadTimeout)
-	o.PoolTimeout = cmp.Or(o.PoolTimeout, redisPoolTimeout)
-	o.MaxRetries = cmp.Or(o.MaxRetries, redisRetries)
-	o.DialerRetries = cmp.Or(o.DialerRetries, redisDialAttempts)
+	bound(&o.ContextTimeoutEnabled, &o.DialTimeout, &o.ReadTimeout, &o.WriteTimeout, &o.PoolTimeout, &o.MaxRetries, &o.DialerRetries)
 	return redis.NewClient(o), redisID(o), nil
+}
+
+// bound sets a Redis client's options to the bounds above where the URL
+// set none (a zero counts as unset); the write timeout follows the read
+// timeout. Cluster, standalone and Sentinel options spell the same fields
+// in three types, hence the pointers.
+func bound(ctxTimeout *bool, dial, read, write, pool *time.Duration, retries, dialAttempts *int) {
+	*ctxTimeout = true
+	*dial = cmp.Or(*dial, redisTimeout)
+	*read = cmp.Or(*read, redisTimeout)
+	*write = cmp.Or(*write, *read)
+	*pool = cmp.Or(*pool, redisPoolTimeout)
+	*retries = cmp.Or(*retries, redisRetries)
+	*dialAttempts = cmp.Or(*dialAttempts, redisDialAttempts)
 }
 
 // redisID names a Redis by its address and database as parsed, however
