@@ -43,6 +43,11 @@ const genReadTimeout = 10 * time.Second
 // get returns a generation read that started after get was called, or
 // ctx's error if ctx ends first.
 func (g *genCheck) get(ctx context.Context) (generation, error) {
+	if err := ctx.Err(); err != nil {
+		// Not left to the select below, which picks at random when a
+		// read is done too.
+		return generation{}, err
+	}
 	g.mu.Lock()
 	r := g.next
 	if r == nil {
