@@ -24,6 +24,12 @@ type Config struct {
 	// Strategies are measured in this order, each on every cell.
 	Strategies []Strategy
 	Cells      []Cell
+	// Reps is how many times each cell runs on every strategy, the
+	// strategies in the given order, then in the reverse, alternately:
+	// whichever runs first in a cell tends to do better, on a warm server
+	// and a cool machine. Each repetition has its own seed, which all
+	// strategies of it share; 0 means 1.
+	Reps int
 	// RedisURL is the server of the Redis strategies. Empty starts a
 	// throwaway redis-server on loopback for the run.
 	RedisURL string
@@ -52,9 +58,11 @@ type Config struct {
 	Stdout, Progress io.Writer
 }
 
-// Run measures every cell on every strategy, then writes the reports. It
-// returns an error wrapping ErrOversold, with the report, if the oversell
-// audit failed in any run; other errors stop it at once.
+// Run measures every cell on every strategy, then writes the reports. A
+// strategy whose store cannot wait (not an optimistic.Waiter) skips the
+// cells of waiting callers; the report says so. It returns an error
+// wrapping ErrOversold, with the report, if the oversell audit failed in
+// any run; other errors stop it at once.
 func Run(ctx context.Context, cfg Config) (*report.Report, error) {
 	if len(cfg.Strategies) == 0 || len(cfg.Cells) == 0 {
 		return nil, errors.New("bench: nothing to run")
@@ -69,19 +77,33 @@ func Run(ctx context.Context, cfg Config) (*report.Report, error) {
 	}
 	defer done()
 
-	prog := newProgress(cfg.Progress, len(cfg.Cells)*len(cfg.Strategies))
+	reps := max(cfg.Reps, 1)
+	prog := newProgress(cfg.Progress, len(cfg.Cells)*len(cfg.Strategies)*reps)
 	for i, cell := range cfg.Cells {
-		for _, s := range cfg.Strategies {
-			label := fmt.Sprintf("%s %s %s limit=%d workers=%d procs=%d",
-				s.Name, cell.Scenario, loopName(cell.Spec), cell.Spec.Limit, cell.Spec.Workers, cell.Procs)
-			prog.start(label)
-			run, err := h.run(ctx, i, cell, s)
-			if err != nil {
-				prog.close()
-				return rep, fmt.Errorf("%s: %w", label, err)
+		for r := range reps {
+			order := slices.Clone(cfg.Strategies)
+			if r%2 == 1 {
+				slices.Reverse(order)
 			}
-			rep.Runs = append(rep.Runs, run)
-			prog.finish(label, summary(run))
+			for _, s := range order {
+				label := fmt.Sprintf("%s %s %s limit=%d workers=%d procs=%d %s rep %d/%d",
+					s.Name, cell.Scenario, loopName(cell.Spec), cell.Spec.Limit, cell.Spec.Workers, cell.Procs,
+					callersName(cell.Spec), r+1, reps)
+				prog.start(label)
+				run, err := h.run(ctx, i*reps+r, cell, s)
+				if errors.Is(err, workload.ErrCannotWait) {
+					rep.Skip(s.Name, "waiting callers: the store cannot wait for a slot")
+					prog.finish(label, "skipped: the store cannot wait for a slot")
+					continue
+				}
+				if err != nil {
+					prog.close()
+					return rep, fmt.Errorf("%s: %w", label, err)
+				}
+				run.Rep = r + 1
+				rep.Runs = append(rep.Runs, run)
+				prog.finish(label, summary(run))
+			}
 		}
 	}
 	prog.close()
@@ -114,11 +136,23 @@ func loopName(spec workload.Spec) string {
 	return "closed"
 }
 
+// callersName says how the callers wait for a slot: pausing, or in line.
+func callersName(spec workload.Spec) string {
+	if spec.Wait > 0 {
+		return "wait=" + spec.Wait.String()
+	}
+	return "pause=" + spec.Pause.String()
+}
+
 func summary(r report.Run) string {
-	s := fmt.Sprintf("%.0f grants/s, p99 %.2fms", r.GrantsPerSec, r.GrantLatency.P99)
+	s := fmt.Sprintf("%.0f grants/s, p99 %.2fms, time to grant p99 %.2fms", r.GrantsPerSec, r.GrantLatency.P99, r.TimeToGrant.P99)
 	if r.ConflictsPerGrant != nil && *r.ConflictsPerGrant > 0 {
 		s += fmt.Sprintf(", %.2f conflicts/grant", *r.ConflictsPerGrant)
 	}
+	if r.RequestsPerGrant != nil {
+		s += fmt.Sprintf(", %.2f requests/grant", *r.RequestsPerGrant)
+	}
+	s += ", max/min grants per caller " + report.FormatMaxOverMin(r.Fairness)
 	if !r.Audit.OK() {
 		s += ", OVERSOLD"
 	}
@@ -170,9 +204,10 @@ type harness struct {
 	runs  int
 }
 
-// run measures one cell on one strategy in a fresh key space and removes
-// that key space afterwards; a failed removal is an error.
-func (h *harness) run(ctx context.Context, cellIndex int, cell Cell, s Strategy) (_ report.Run, err error) {
+// run measures one cell on one strategy in a fresh key space, with the
+// seed numbered seedIndex (one per cell and repetition), and removes that
+// key space afterwards; a failed removal is an error.
+func (h *harness) run(ctx context.Context, seedIndex int, cell Cell, s Strategy) (_ report.Run, err error) {
 	h.runs++
 	spec := cell.Spec
 	loc := location{PoolSize: share(spec, cell.Procs, 0).Workers + 2}
@@ -187,6 +222,9 @@ func (h *harness) run(ctx context.Context, cellIndex int, cell Cell, s Strategy)
 		return report.Run{}, err
 	}
 	defer c.close()
+	if _, ok := c.store.(optimistic.Waiter); spec.Wait > 0 && !ok {
+		return report.Run{}, workload.ErrCannotWait
+	}
 	if s.Redis {
 		// Removed even if the run fails half-way; nothing else uses the prefix.
 		defer func() { err = errors.Join(err, h.redis.dropPrefix(context.WithoutCancel(ctx), loc.Prefix)) }()
@@ -195,7 +233,7 @@ func (h *harness) run(ctx context.Context, cellIndex int, cell Cell, s Strategy)
 		return report.Run{}, err
 	}
 	// The same seed for every strategy of a cell: they face the same choices.
-	seed := h.cfg.Seed + uint64(cellIndex)<<16
+	seed := h.cfg.Seed + uint64(seedIndex)<<16
 	var before map[string]int64
 	snapshot := func() (err error) {
 		if s.Redis {
@@ -236,6 +274,7 @@ func (h *harness) run(ctx context.Context, cellIndex int, cell Cell, s Strategy)
 		run.Commands, total = commandDelta(before, after)
 		run.CommandsPerGrant = perGrant(total, res.Grants)
 		run.RoundTripsPerGrant = perGrant(trips, res.Grants)
+		run.RequestsPerGrant = perGrant(trips+subscriptions(run.Commands), res.Grants)
 	}
 	if err := stateCheck(ctx, c.store, spec, &run.Audit); err != nil {
 		return report.Run{}, err
@@ -308,18 +347,23 @@ func newRun(s Strategy, cell Cell, res *workload.Result) report.Run {
 	if spec.Rate > 0 {
 		loop = "open"
 	}
+	var wait string
+	if spec.Wait > 0 {
+		wait = spec.Wait.String()
+	}
 	return report.Run{
 		Strategy: s.Name, Scenario: cell.Scenario, Loop: loop, Rate: spec.Rate,
 		Keys: spec.Keys, Limit: spec.Limit, Candidates: spec.Candidates,
 		Choice: string(spec.Choice), Order: string(spec.Order),
 		Workers: spec.Workers, Procs: cell.Procs,
 		Hold: spec.Hold.String(), HoldDist: string(spec.HoldDist), Duration: spec.Duration.String(),
-		Ops: spec.Ops, CrashShare: spec.CrashShare, TTL: spec.TTL.String(), Pause: spec.Pause.String(),
+		Ops: spec.Ops, CrashShare: spec.CrashShare, TTL: spec.TTL.String(), Pause: spec.Pause.String(), Wait: wait,
 		ElapsedSeconds: secs,
 		Counts: report.Counts{
 			Calls: res.Calls, Grants: res.Grants, NoSlot: res.NoSlot, GiveUps: res.GiveUps, Errors: res.Errors,
 			Attempts: res.Attempts, Conflicts: res.Conflicts, Pruned: res.Pruned, Released: res.Released,
 			Crashed: res.Crashed, Lost: res.Lost, ReleaseErrors: res.ReleaseErrors, Offered: res.Offered,
+			Waiting: res.Waiting,
 		},
 		GrantsPerSec: rate(res.Grants), NoSlotPerSec: rate(res.NoSlot),
 		GiveUpsPerSec: rate(res.GiveUps), ErrorsPerSec: rate(res.Errors),
@@ -327,9 +371,11 @@ func newRun(s Strategy, cell Cell, res *workload.Result) report.Run {
 		AttemptsPerGrant:  perGrant(res.Attempts, res.Grants),
 		GrantLatency:      latency(res.GrantLatency),
 		CallLatency:       latency(res.Latency),
+		TimeToGrant:       latency(res.TimeToGrant),
 		Audit: report.Audit{
 			HolderViolations: res.Violations, MaxHolders: res.MaxHolders, First: res.FirstViolation,
 		},
+		Fairness:   report.FairnessOf(res.CallerGrants),
 		FirstError: res.FirstError,
 	}
 }

@@ -31,18 +31,46 @@ func TestGridCells(t *testing.T) {
 	g := Standard()
 	cells, err := g.Cells()
 	require.NoError(t, err)
-	// 4 scenarios × 2 limits × (3 worker counts in one process + 2 in two:
-	// one caller cannot be split over two processes).
-	require.Len(t, cells, 40)
+	// 4 scenarios × 2 pauses × 2 limits × 2 process counts.
+	require.Len(t, cells, 32)
 	for _, c := range cells {
 		require.GreaterOrEqual(t, c.Spec.Workers, c.Procs)
 		require.NoError(t, c.Spec.Validate())
 	}
 	require.Equal(t, Cell{Scenario: "uniform", Procs: 1, Spec: workload.Spec{
-		Keys: 1000, Limit: 1, Candidates: 4, Choice: workload.Uniform, Order: workload.Ranked, Workers: 1,
-		Hold: time.Millisecond, HoldDist: workload.Exponential, Duration: time.Second, TTL: 10 * time.Second,
+		Keys: 1000, Limit: 1, Candidates: 4, Choice: workload.Uniform, Order: workload.Ranked, Workers: 64,
+		Hold: time.Millisecond, HoldDist: workload.Exponential, Duration: 3 * time.Second, TTL: 10 * time.Second,
 		Pause: time.Millisecond,
 	}}, cells[0])
+	require.Equal(t, 5*time.Millisecond, cells[4].Spec.Pause, "pauses outside limits, procs and workers")
+
+	g.Rates = []float64{0, 1000}
+	cells, err = g.Cells()
+	require.NoError(t, err)
+	require.Len(t, cells, 48, "an open loop never pauses: one cell whatever the pauses")
+	for _, c := range cells {
+		if c.Spec.Rate > 0 {
+			require.Zero(t, c.Spec.Pause)
+		}
+	}
+	g.Rates = []float64{0}
+
+	g.Waits = []time.Duration{0, 10 * time.Second}
+	cells, err = g.Cells()
+	require.NoError(t, err)
+	require.Len(t, cells, 48, "waiting callers never pause: one cell whatever the pauses")
+	for i, c := range cells[:12] {
+		want := [...]time.Duration{0, 0, 0, 0, 0, 0, 0, 0, 10 * time.Second, 10 * time.Second, 10 * time.Second, 10 * time.Second}[i]
+		require.Equal(t, want, c.Spec.Wait, "cell %d: waits outside pauses, inside scenarios", i)
+		if c.Spec.Wait > 0 {
+			require.Zero(t, c.Spec.Pause)
+		}
+	}
+	g.Rates = []float64{0, 1000}
+	cells, err = g.Cells()
+	require.NoError(t, err)
+	require.Len(t, cells, 64, "an open loop has no waiting callers: its waiting cells are left out")
+	g.Rates, g.Waits = []float64{0}, nil
 
 	g.Keys, g.Candidates = 3, 5
 	cells, err = g.Cells()
@@ -54,6 +82,7 @@ func TestGridCells(t *testing.T) {
 		func(g *Grid) { g.Workers = []int{1}; g.Procs = []int{2} },
 		func(g *Grid) { g.Ops = 1 },
 		func(g *Grid) { g.HoldDist = "normal" },
+		func(g *Grid) { g.Pauses = nil },
 	} {
 		g := Standard()
 		bad(&g)

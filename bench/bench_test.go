@@ -51,6 +51,7 @@ func config(strategies []bench.Strategy, cells []bench.Cell) bench.Config {
 func grid(scenarios []string, workers, limit int, procs ...int) bench.Grid {
 	g := bench.Standard()
 	g.Scenarios, g.Workers, g.Limits, g.Procs = scenarios, []int{workers}, []int{limit}, procs
+	g.Pauses = []time.Duration{time.Millisecond}
 	g.Keys, g.Duration = 20, 200*time.Millisecond
 	return g
 }
@@ -72,7 +73,7 @@ func cells(t *testing.T, grids ...bench.Grid) []bench.Cell {
 // correct store on the same cells passes.
 func TestAuditCatchesUnsafeStore(t *testing.T) {
 	g := grid([]string{"hot"}, 8, 1, 1, 2)
-	g.HoldDist, g.Pause = "fixed", 100*time.Microsecond
+	g.HoldDist, g.Pauses = "fixed", []time.Duration{100 * time.Microsecond}
 	optimistic, err := bench.Select(bench.Strategies(), "optimistic")
 	require.NoError(t, err)
 	cfg := config(append([]bench.Strategy{unsafeStrategy}, optimistic...), cells(t, g))
@@ -95,23 +96,35 @@ func TestAuditCatchesUnsafeStore(t *testing.T) {
 	require.Contains(t, out.String(), "**Oversell audit: FAILED.**")
 }
 
-// A short run of all three stores, in one and two processes and in an open
-// loop, writes every output, and each parses.
+// A short run of every store, twice, in one and two processes and in an
+// open loop, writes every output, and each parses.
 func TestShortRunWritesEveryOutput(t *testing.T) {
 	open := grid([]string{"uniform"}, 4, 2, 1)
 	open.Rates = []float64{200}
 	all := cells(t, grid([]string{"hot", "zipf"}, 4, 2, 1, 2), open)
 	dir := t.TempDir()
 	cfg := config(bench.Strategies(), all)
+	cfg.Reps = 2
 	var out bytes.Buffer
 	cfg.Stdout, cfg.OutDir = &out, dir
 	rep, err := bench.Run(context.Background(), cfg)
 	require.NoError(t, err)
-	require.Len(t, rep.Runs, len(all)*3)
+	names := []string{"optimistic", "optimistic-nogate", "lua", "lua+gate", "sqlite"}
+	require.Len(t, rep.Runs, len(all)*len(names)*2)
+	for i, name := range names {
+		first, second := rep.Runs[i], rep.Runs[len(names)+i]
+		require.Equal(t, name, first.Strategy, "the given order first")
+		require.Equal(t, 1, first.Rep)
+		require.Equal(t, names[len(names)-1-i], second.Strategy, "then the reverse")
+		require.Equal(t, 2, second.Rep)
+	}
 
 	md := out.String()
 	require.Contains(t, md, "**Oversell audit: passed.**")
-	require.Contains(t, md, "| grants/s optimistic | grants/s lua | grants/s sqlite | optimistic/lua |")
+	require.Contains(t, md, "| scenario | loop | pause | limit | workers | procs | optimistic | optimistic-nogate | lua | lua+gate | sqlite | "+
+		"optimistic/lua+gate | optimistic-nogate/lua |", "like with like: gate against gate, none against none")
+	require.Contains(t, md, "### Time to grant, p99 (ms)")
+	require.Contains(t, md, "| hot | closed | 1ms | 2 | 4 | 1 |")
 	file, err := os.ReadFile(filepath.Join(dir, report.MarkdownFile))
 	require.NoError(t, err)
 	require.Equal(t, md, string(file))
@@ -127,10 +140,11 @@ func TestShortRunWritesEveryOutput(t *testing.T) {
 	require.Regexp(t, `^v9\.`, env.GoRedis)
 	require.Positive(t, env.GOMAXPROCS)
 	require.Positive(t, env.NumCPU)
-	require.Equal(t, []string{"optimistic", "lua", "sqlite"}, env.Strategies)
+	require.Equal(t, names, env.Strategies)
 	for _, run := range back.Runs {
 		require.Positive(t, run.Counts.Grants, "%s %s", run.Strategy, run.Scenario)
 		require.True(t, run.Audit.OK())
+		require.GreaterOrEqual(t, run.TimeToGrant.Max, run.GrantLatency.Max, "a grant waits at least its own call")
 		require.Equal(t, run.Strategy != "sqlite", run.CommandsPerGrant != nil, "commands are counted on Redis only")
 		require.Equal(t, run.Strategy != "sqlite", run.RoundTripsPerGrant != nil)
 		if run.Loop == "open" {
@@ -147,8 +161,9 @@ func TestShortRunWritesEveryOutput(t *testing.T) {
 
 	plots, err := filepath.Glob(filepath.Join(dir, report.PlotDir, "*.png"))
 	require.NoError(t, err)
-	// hot, zipf and open-loop uniform, each goodput, conflicts and p99.
-	require.Len(t, plots, 9)
+	// hot, zipf and open-loop uniform, each goodput, conflicts, p99 and
+	// time to grant p99.
+	require.Len(t, plots, 12)
 	for _, p := range plots {
 		f, err := os.Open(p)
 		require.NoError(t, err)
@@ -170,4 +185,53 @@ func TestRunRefusesWhatItCannotDo(t *testing.T) {
 	cfg.RedisURL = "redis://10.1.2.3:6379"
 	_, err = bench.Run(ctx, cfg)
 	require.ErrorContains(t, err, "not on loopback")
+}
+
+// Waiting callers on a real redis-server, in one process and in two: no
+// oversell, every caller served, the pub/sub subscriptions counted among
+// the requests; the Lua store, which cannot wait, is skipped and named.
+// SQLite waits too, in one process: across processes its waiters see a
+// release only when they poll (optimistic.WaitPoll), too seldom for a
+// short run.
+func TestWaitingCallers(t *testing.T) {
+	g := grid([]string{"hot"}, 8, 1, 1, 2)
+	g.Keys, g.Duration, g.Waits = 1, 500*time.Millisecond, []time.Duration{10 * time.Second}
+	strategies, err := bench.Select(bench.Strategies(), "optimistic,lua")
+	require.NoError(t, err)
+	cfg := config(strategies, cells(t, g))
+	var out bytes.Buffer
+	cfg.Stdout = &out
+	start := time.Now()
+	rep, err := bench.Run(context.Background(), cfg)
+	require.NoError(t, err)
+	require.Less(t, time.Since(start), time.Minute, "a 10s wait does not outlive a 500ms run")
+	require.Equal(t, []report.Skip{{Strategy: "lua", Reason: "waiting callers: the store cannot wait for a slot", Runs: 2}}, rep.Skipped)
+	require.Contains(t, out.String(), "**Skipped:** lua in 2 runs")
+	require.Contains(t, out.String(), "## Retrying vs waiting callers")
+
+	g.Procs = []int{1}
+	cfg.Strategies, err = bench.Select(bench.Strategies(), "sqlite")
+	require.NoError(t, err)
+	cfg.Cells, cfg.Stdout = cells(t, g), nil
+	sqlite, err := bench.Run(context.Background(), cfg)
+	require.NoError(t, err)
+	require.Empty(t, sqlite.Skipped)
+
+	runs := append(rep.Runs, sqlite.Runs...)
+	require.Len(t, runs, 3, "optimistic in one and two processes, sqlite in one")
+	for _, run := range runs {
+		require.True(t, run.Audit.OK(), "%s, %d procs: %+v", run.Strategy, run.Procs, run.Audit)
+		require.Equal(t, "10s", run.Wait)
+		require.Equal(t, 8, run.Fairness.Callers, "%s, %d procs: every process's callers", run.Strategy, run.Procs)
+		require.Zero(t, run.Fairness.Starved, "%s, %d procs: every caller got grants", run.Strategy, run.Procs)
+		require.NotNil(t, run.Fairness.MaxOverMin)
+		require.Zero(t, run.Counts.Errors, run.FirstError)
+		if run.Strategy == "sqlite" {
+			require.Nil(t, run.RequestsPerGrant)
+			continue
+		}
+		require.Positive(t, run.Commands["ssubscribe"], "%d procs: the waiters listen for releases", run.Procs)
+		require.Positive(t, run.Commands["spublish"], "releases notify")
+		require.Greater(t, *run.RequestsPerGrant, *run.RoundTripsPerGrant, "the subscriptions count")
+	}
 }

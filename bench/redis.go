@@ -168,6 +168,19 @@ var uncounted = map[string]bool{
 	"cluster|slots": true, "cluster|shards": true, "cluster|nodes": true, "readonly": true,
 }
 
+// subscribing are the pub/sub commands that go over a client's pub/sub
+// connections, outside its pool: its round-trip count does not see them.
+var subscribing = []string{"subscribe", "unsubscribe", "psubscribe", "punsubscribe", "ssubscribe", "sunsubscribe"}
+
+// subscriptions is how many subscribing commands cmds (a commandDelta) holds.
+func subscriptions(cmds map[string]int64) int64 {
+	var n int64
+	for _, name := range subscribing {
+		n += cmds[name]
+	}
+	return n
+}
+
 // commandStats reads the calls per command from INFO commandstats, summed
 // over a cluster's masters (replicas only repeat their masters' writes).
 func (s *server) commandStats(ctx context.Context) (map[string]int64, error) {

@@ -36,14 +36,23 @@ type Target struct {
 }
 
 // Strategies returns the lease stores credpool ships, in report order: a
-// new slice each call, so no caller can change another's.
+// new slice each call, so no caller can change another's. The Redis stores
+// come with and without the per-key turn in each process (the gate, see
+// internal/keygate): "optimistic" (gate on, its default) and
+// "optimistic-nogate"; "lua" (the seed, no gate) and "lua+gate".
 func Strategies() []Strategy {
 	return []Strategy{
 		{Name: "optimistic", Redis: true, Open: func(_ context.Context, t Target) (optimistic.LeaseStore, error) {
 			return optimistic.New(t.Redis, &optimistic.Options{Prefix: t.Prefix})
 		}},
+		{Name: "optimistic-nogate", Redis: true, Open: func(_ context.Context, t Target) (optimistic.LeaseStore, error) {
+			return optimistic.New(t.Redis, &optimistic.Options{Prefix: t.Prefix, NoGate: true})
+		}},
 		{Name: "lua", Redis: true, Open: func(_ context.Context, t Target) (optimistic.LeaseStore, error) {
 			return baseline.New(t.Redis, &baseline.Options{Prefix: t.Prefix})
+		}},
+		{Name: "lua+gate", Redis: true, Open: func(_ context.Context, t Target) (optimistic.LeaseStore, error) {
+			return baseline.New(t.Redis, &baseline.Options{Prefix: t.Prefix, Gate: true})
 		}},
 		{Name: "sqlite", Open: func(ctx context.Context, t Target) (optimistic.LeaseStore, error) {
 			return sqlitestore.New(ctx, t.DB, nil)

@@ -35,8 +35,10 @@ var scenarios = map[string]workload.Spec{
 var scenarioNames = []string{"uniform", "zipf", "hot", "identical"}
 
 // Grid is a cross product of cells: every scenario with every workers,
-// limit, procs and rate value. Cells with fewer workers than processes are
-// left out.
+// limit, procs, rate, pause and wait value. Cells with fewer workers than
+// processes are left out, as are waiting callers in an open loop; an open
+// loop (rate > 0) and waiting callers, which never pause, are one cell
+// whatever the pauses.
 type Grid struct {
 	Scenarios []string
 	Workers   []int
@@ -54,29 +56,39 @@ type Grid struct {
 	Ops        int64
 	CrashShare float64
 	TTL        time.Duration
-	Pause      time.Duration
+	// Pauses are the closed loop's pauses after "no slot" (see
+	// workload.Spec.Pause); 0 is none. The pause decides how hard a hot
+	// key's callers retry, so a suite covers more than one.
+	Pauses []time.Duration
+	// Waits are the callers' waits for a slot (see workload.Spec.Wait):
+	// 0 is retrying callers, who pause after "no slot"; a positive wait is
+	// waiting callers. Empty means retrying callers only.
+	Waits []time.Duration
 }
 
-// Standard is the suite `make bench` runs: four scenarios, 1, 8 and 64
-// callers, limits 1 and 5, one and two processes, a second each: 40 cells
-// per strategy.
+// Standard is the closed-loop suite `make bench` runs: four scenarios, 64
+// callers, limits 1 and 5, one and four processes, pauses of 1ms and 5ms
+// after "no slot", 3s each: 32 cells per strategy (and repetition).
 func Standard() Grid {
 	return Grid{
 		Scenarios: slices.Clone(scenarioNames),
-		Workers:   []int{1, 8, 64},
+		Workers:   []int{64},
 		Limits:    []int{1, 5},
-		Procs:     []int{1, 2},
+		Procs:     []int{1, 4},
 		Rates:     []float64{0},
 		Hold:      time.Millisecond,
 		HoldDist:  workload.Exponential,
-		Duration:  time.Second,
+		Duration:  3 * time.Second,
 		TTL:       10 * time.Second,
-		Pause:     time.Millisecond,
+		Pauses:    []time.Duration{time.Millisecond, 5 * time.Millisecond},
 	}
 }
 
 // Cells expands the grid, scenarios outermost.
 func (g Grid) Cells() ([]Cell, error) {
+	if len(g.Pauses) == 0 {
+		return nil, fmt.Errorf("bench: the grid needs a pause (0 for none)")
+	}
 	var cells []Cell
 	for _, name := range g.Scenarios {
 		preset, ok := scenarios[name]
@@ -84,30 +96,28 @@ func (g Grid) Cells() ([]Cell, error) {
 			return nil, fmt.Errorf("bench: unknown scenario %q (have %v)", name, scenarioNames)
 		}
 		for _, rate := range g.Rates {
-			for _, limit := range g.Limits {
-				for _, procs := range g.Procs {
-					for _, workers := range g.Workers {
-						if procs < 1 || workers < procs {
-							continue
+			for _, wait := range g.waits() {
+				if rate > 0 && wait > 0 {
+					continue
+				}
+				pauses := g.Pauses
+				if rate > 0 || wait > 0 {
+					pauses = []time.Duration{0}
+				}
+				for _, pause := range pauses {
+					for _, limit := range g.Limits {
+						for _, procs := range g.Procs {
+							for _, workers := range g.Workers {
+								if procs < 1 || workers < procs {
+									continue
+								}
+								c, err := g.cell(name, preset, rate, wait, pause, limit, procs, workers)
+								if err != nil {
+									return nil, err
+								}
+								cells = append(cells, c)
+							}
 						}
-						if g.Ops > 0 && g.Ops < int64(procs) {
-							return nil, fmt.Errorf("bench: ops %d cannot be split over %d processes", g.Ops, procs)
-						}
-						spec := preset
-						if g.Keys > 0 {
-							spec.Keys = g.Keys
-						}
-						if g.Candidates > 0 {
-							spec.Candidates = g.Candidates
-						}
-						spec.Candidates = min(spec.Candidates, spec.Keys)
-						spec.Limit, spec.Workers, spec.Rate = limit, workers, rate
-						spec.Hold, spec.HoldDist, spec.Duration, spec.Ops = g.Hold, g.HoldDist, g.Duration, g.Ops
-						spec.CrashShare, spec.TTL, spec.Pause = g.CrashShare, g.TTL, g.Pause
-						if err := spec.Validate(); err != nil {
-							return nil, fmt.Errorf("bench: scenario %s: %w", name, err)
-						}
-						cells = append(cells, Cell{Scenario: name, Spec: spec, Procs: procs})
 					}
 				}
 			}
@@ -117,6 +127,36 @@ func (g Grid) Cells() ([]Cell, error) {
 		return nil, fmt.Errorf("bench: the grid has no cell (workers must be at least procs)")
 	}
 	return cells, nil
+}
+
+// waits are the grid's waits; none is retrying callers only.
+func (g Grid) waits() []time.Duration {
+	if len(g.Waits) == 0 {
+		return []time.Duration{0}
+	}
+	return g.Waits
+}
+
+// cell is one point of the grid: preset with the grid's settings.
+func (g Grid) cell(name string, preset workload.Spec, rate float64, wait, pause time.Duration, limit, procs, workers int) (Cell, error) {
+	if g.Ops > 0 && g.Ops < int64(procs) {
+		return Cell{}, fmt.Errorf("bench: ops %d cannot be split over %d processes", g.Ops, procs)
+	}
+	spec := preset
+	if g.Keys > 0 {
+		spec.Keys = g.Keys
+	}
+	if g.Candidates > 0 {
+		spec.Candidates = g.Candidates
+	}
+	spec.Candidates = min(spec.Candidates, spec.Keys)
+	spec.Limit, spec.Workers, spec.Rate = limit, workers, rate
+	spec.Hold, spec.HoldDist, spec.Duration, spec.Ops = g.Hold, g.HoldDist, g.Duration, g.Ops
+	spec.CrashShare, spec.TTL, spec.Pause, spec.Wait = g.CrashShare, g.TTL, pause, wait
+	if err := spec.Validate(); err != nil {
+		return Cell{}, fmt.Errorf("bench: scenario %s: %w", name, err)
+	}
+	return Cell{Scenario: name, Spec: spec, Procs: procs}, nil
 }
 
 // share is process p's part of a cell's spec when it runs in procs

@@ -237,3 +237,35 @@ func TestRequestIDs(t *testing.T) {
 	_, err = c.Allocate(ctx, reused)
 	require.ErrorIs(t, err, client.ErrRequestIDReused)
 }
+
+// A waiting Allocate gets the slot another caller releases, even when the
+// wait outlasts the client's per-request Timeout (the wait extends it);
+// a wait that runs out is ErrPoolExhausted.
+func TestAllocateWaits(t *testing.T) {
+	s := start(t)
+	c, adm := clients(t, s, &client.Options{Timeout: 500 * time.Millisecond})
+	putKey(t, adm, "k", 1)
+	held, err := c.Allocate(t.Context(), request())
+	require.NoError(t, err)
+
+	short := request()
+	short.Wait = 20 * time.Millisecond
+	_, err = c.Allocate(t.Context(), short)
+	require.ErrorIs(t, err, client.ErrPoolExhausted)
+
+	long := request()
+	long.Wait = 5 * time.Second
+	done := make(chan error, 1)
+	var got client.Lease
+	go func() {
+		var err error
+		got, err = c.Allocate(t.Context(), long)
+		done <- err
+	}()
+	// Longer than the client's Timeout: only the wait keeps the try alive.
+	time.Sleep(time.Second)
+	require.NoError(t, c.Release(t.Context(), held.LeaseRef))
+	require.NoError(t, <-done)
+	require.Equal(t, "k", got.KeyID)
+	require.NotEqual(t, held.LeaseID, got.LeaseID)
+}

@@ -47,6 +47,13 @@ type AllocateRequest struct {
 	//
 	// default: a random id per Allocate call
 	RequestID string
+	// Wait is how long the service may wait for a slot when every key is
+	// full, in line with its other waiting callers, before answering
+	// ErrPoolExhausted: up to 30s, capped by the service's request
+	// timeout. Each try's HTTP timeout grows by it.
+	//
+	// default: 0, answer at once
+	Wait time.Duration
 }
 
 // LeaseRef names a lease: what Renew, Release and Report need.
@@ -82,6 +89,7 @@ type allocateBody struct {
 	Pool         string `json:"pool,omitempty"`
 	LeaseSeconds int    `json:"lease_seconds,omitempty"`
 	RequestID    string `json:"request_id"`
+	WaitMs       int64  `json:"wait_ms,omitempty"`
 }
 
 type leaseBody struct {
@@ -125,8 +133,10 @@ func (c *Client) allocate(ctx context.Context, req AllocateRequest) (Lease, time
 	}
 	body := allocateBody{
 		Provider: req.Provider, Model: req.Model, Pool: req.Pool,
-		LeaseSeconds: seconds(req.Lease), RequestID: req.RequestID,
+		LeaseSeconds: seconds(req.Lease), RequestID: req.RequestID, WaitMs: req.Wait.Milliseconds(),
 	}
+	conn := c.conn
+	conn.timeout += req.Wait
 	var (
 		l    Lease
 		sent time.Time
@@ -144,7 +154,7 @@ func (c *Client) allocate(ctx context.Context, req AllocateRequest) (Lease, time
 			} `json:"credential"`
 		}
 		sent = time.Now()
-		if err := c.do(ctx, "POST", "/api/internal/allocate-key", body, &out); err != nil {
+		if err := conn.do(ctx, "POST", "/api/internal/allocate-key", body, &out); err != nil {
 			return err
 		}
 		l = Lease{

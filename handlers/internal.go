@@ -1,6 +1,7 @@
 package handlers
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -14,10 +15,11 @@ import (
 )
 
 // Request limits: the default lease length and the longest retry_after,
-// in seconds.
+// in seconds, and the longest wait_ms.
 const (
 	defaultLeaseSeconds = 35
 	maxRetryAfter       = 86400
+	maxWaitMs           = 30000
 )
 
 type internalAPI struct {
@@ -33,6 +35,7 @@ type allocateRequest struct {
 	Pool         string `json:"pool"`
 	LeaseSeconds *int   `json:"lease_seconds"`
 	RequestID    string `json:"request_id"`
+	WaitMs       int    `json:"wait_ms"`
 }
 
 type allocateResponse struct {
@@ -68,11 +71,17 @@ func (a internalAPI) allocate(c *gin.Context) {
 	if req.RequestID != "" && !validID(c, "request_id", req.RequestID) {
 		return
 	}
+	if req.WaitMs < 0 || req.WaitMs > maxWaitMs {
+		invalid(c, "wait_ms", fmt.Sprintf("want 0 to %d", maxWaitMs))
+		return
+	}
+	ctx := c.Request.Context()
 	start := time.Now()
-	g, err := a.svc.Allocate(c.Request.Context(), broker.Request{
-		Provider: req.Provider, Model: req.Model, Pool: req.Pool, TTL: ttl, RequestID: req.RequestID,
+	wait := waitFor(ctx, time.Duration(req.WaitMs)*time.Millisecond)
+	g, err := a.svc.Allocate(ctx, broker.Request{
+		Provider: req.Provider, Model: req.Model, Pool: req.Pool, TTL: ttl, RequestID: req.RequestID, Wait: wait,
 	})
-	a.m.observeAllocate(err, g.Stats, time.Since(start))
+	a.m.observeAllocate(err, g.Stats, time.Since(start), wait > 0)
 	if err != nil {
 		failErr(c, err)
 		return
@@ -206,6 +215,17 @@ func (a internalAPI) report(c *gin.Context) {
 	}
 	a.m.reports.WithLabelValues(string(req.Outcome)).Inc()
 	a.released(c, "report", a.svc.Report(c.Request.Context(), ref, req.Outcome, retry))
+}
+
+// waitFor is how long an allocate asking to wait may wait: at most until
+// a tenth of the time left before the request's deadline, kept for the
+// last try, so that a wait that runs out is a 429, not a timeout.
+func waitFor(ctx context.Context, wait time.Duration) time.Duration {
+	if dl, ok := ctx.Deadline(); ok && wait > 0 {
+		left := time.Until(dl)
+		wait = max(min(wait, left-left/10), 0)
+	}
+	return wait
 }
 
 // leaseTTL reads lease_seconds: default 35 (or the maximum if lower), 1 to

@@ -28,6 +28,8 @@ type Metrics struct {
 	reports     *prometheus.CounterVec
 	expired     prometheus.Counter
 	unreachable prometheus.Counter
+	waits       *prometheus.CounterVec
+	waited      prometheus.Histogram
 }
 
 // NewMetrics registers the metrics, plus the Go and process collectors.
@@ -73,12 +75,31 @@ func NewMetrics() *Metrics {
 			Name: "credpool_allocate_unreachable_total",
 			Help: "Candidate keys an allocation skipped because their store server did not answer (a Redis Cluster master that is down).",
 		}),
+		waits: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "credpool_allocate_waits_total",
+			Help: "Allocate requests that asked to wait for a slot (wait_ms), by result as in credpool_allocations_total: granted, pool_exhausted (the wait ran out), and others.",
+		}, []string{"result"}),
+		waited: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "credpool_allocate_wait_seconds",
+			Help:    "Time an allocate request that asked to wait spent in line for a slot.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 16),
+		}),
 	}
 	reg.MustRegister(
 		m.allocations, m.conflicts, m.attempts, m.latency, m.releases, m.renewals, m.reports, m.expired, m.unreachable,
+		m.waits, m.waited,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
 	return m
+}
+
+// watchWaiting exports how many allocate requests wait in line for a
+// slot, read at each scrape.
+func (m *Metrics) watchWaiting(waiting func() int) {
+	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "credpool_allocate_waiting",
+		Help: "Allocate requests of this process waiting in line for a slot (wait_ms).",
+	}, func() float64 { return float64(waiting()) }))
 }
 
 // watchBacklog exports the broker's release backlog, read at each scrape.
@@ -200,8 +221,12 @@ func (m *Metrics) Handler() http.Handler {
 	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg})
 }
 
-func (m *Metrics) observeAllocate(err error, st optimistic.Stats, d time.Duration) {
+func (m *Metrics) observeAllocate(err error, st optimistic.Stats, d time.Duration, waiting bool) {
 	m.allocations.WithLabelValues(resultLabel(err, "granted")).Inc()
+	if waiting {
+		m.waits.WithLabelValues(resultLabel(err, "granted")).Inc()
+		m.waited.Observe(st.Waited.Seconds())
+	}
 	m.conflicts.Add(float64(st.Conflicts))
 	m.expired.Add(float64(st.Pruned))
 	m.unreachable.Add(float64(st.Unreachable))

@@ -30,6 +30,10 @@ type Service interface {
 // the metrics then report its backlog.
 type backlogger interface{ Backlog() broker.Backlog }
 
+// waiter is a Service whose allocate requests can wait for a slot; the
+// metrics then report how many wait.
+type waiter interface{ Waiting() int }
+
 // Admin is what the admin API and /readyz need.
 type Admin interface {
 	Put(ctx context.Context, k catalog.Key) (catalog.Key, error)
@@ -106,6 +110,9 @@ func New(cfg Config) (http.Handler, error) {
 	}
 	if b, ok := cfg.Service.(backlogger); ok {
 		cfg.Metrics.watchBacklog(b.Backlog)
+	}
+	if w, ok := cfg.Service.(waiter); ok {
+		cfg.Metrics.watchWaiting(w.Waiting)
 	}
 	cfg.Metrics.watchLosses(cfg.Admin.Losses)
 	if cfg.Nodes != nil {

@@ -47,8 +47,14 @@ func (s *Store) SyncKey(ctx context.Context, k KeyState) error {
 		if oldProvider != "" && (oldProvider != k.Provider || oldPool != k.Pool) {
 			p.ZRem(ctx, s.keys.Pool(oldProvider, oldPool), k.ID)
 		}
+		// A limit raised or a key made usable frees slots: callers
+		// waiting on it look again.
+		s.notify(ctx, p, k.ID)
 		return nil
 	})
+	if err == nil {
+		s.queue.Wake(k.ID)
+	}
 	return Classify(ctx, "sync key", s.markPartial(ctx, err))
 }
 
@@ -124,10 +130,15 @@ func (s *Store) dropLeases(ctx context.Context, keyID string, withKey bool) (int
 			dels = append(dels, s.keys.Lease(keyID, id))
 		}
 		if withKey {
-			dels = append(dels, keyKey)
+			return t.commit(ctx, []cmd{append(dels, keyKey)})
 		}
-		return t.commit(ctx, []cmd{dels})
+		return t.commit(ctx, []cmd{dels, {"spublish", s.keys.Free(keyID), s.id}})
 	})
+	if err == nil && !withKey {
+		for range ids {
+			s.queue.Wake(keyID)
+		}
+	}
 	return len(ids), err
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
@@ -18,12 +19,15 @@ import (
 // ErrContended when conflicts outlast the retry budget, and an ErrStore on
 // Redis failure.
 //
-// Each candidate is read under WATCH (one round trip: WATCH, TIME, the key
-// HASH, the lease ZSET) and, if it has room, claimed in one MULTI that prunes
-// its expired leases, adds the lease and its record, and marks the key
-// available. A conflict means another allocator just committed on that key:
-// it is read again at once, since it may still have room; aborted twice, it
-// is set aside and the next candidates are tried. Only when every candidate
+// Each candidate is read under WATCH of its key HASH (one round trip:
+// WATCH, TIME, the key HASH, the lease ZSET; unwatched first if this
+// process just found it full) and, if it has room, claimed in one MULTI
+// that prunes its expired leases, adds the lease and its record, and marks
+// the key available. A conflict means another allocator just committed on
+// that key: this process holds off the key for a few attempt-durations,
+// trying the others meanwhile, then reads it again, since it may still
+// have room; aborted twice, it is set aside and the next candidates are
+// tried. Only when every candidate
 // left was set aside does the call pause (jittered backoff) and go over
 // them again, in order. On a hot key this keeps callers moving to keys with
 // room instead of sleeping on the one they all want.
@@ -45,11 +49,23 @@ import (
 // On error no lease is held, except when an EXEC's outcome is unknown
 // (its reply was lost, or ctx ended during it) and no recheck could settle
 // it before the call ended: such a lease expires by itself after TTL.
+//
+// With req.Wait, a call that finds no free slot waits in line for one
+// (see Await) and tries again when woken, until req.Wait passes; its
+// Stats add up every try.
 func (s *Store) Allocate(ctx context.Context, req AllocateRequest) (Lease, Stats, error) {
-	var st Stats
 	if err := req.Validate(); err != nil {
-		return Lease{}, st, err
+		return Lease{}, Stats{}, err
 	}
+	if req.Wait > 0 {
+		return AllocateWaiting(ctx, s, req, s.allocate)
+	}
+	return s.allocate(ctx, req)
+}
+
+// allocate is one Allocate call without waiting: req is valid.
+func (s *Store) allocate(ctx context.Context, req AllocateRequest) (Lease, Stats, error) {
+	var st Stats
 	// One lease id per call: if an EXEC reply is lost, the next read finds
 	// this id and returns the same lease instead of taking a second slot.
 	a := allocation{Store: s, req: req, leaseID: uuid.NewString(), stats: &st, todo: distinct(req.Candidates)}
@@ -95,16 +111,19 @@ func (a *allocation) pass(ctx context.Context) error {
 		queue[i] = step{keyID: id, wait: id == a.pending}
 	}
 	var aside []string
+	// Candidates read one after the other share a connection (see session).
+	var c conns
+	defer c.end(ctx)
 	for i := 0; i < len(queue); i++ {
 		keyID := queue[i].keyID
-		granted, err := a.try(ctx, keyID, queue[i].wait)
+		granted, err := a.try(ctx, &c, keyID, queue[i].wait)
 		if errors.Is(err, errGateBusy) {
 			queue = append(queue, step{keyID: keyID, wait: true})
 			continue
 		}
 		if errors.Is(err, ErrConflict) {
 			// Someone just committed on this key; it may still have room.
-			granted, err = a.try(ctx, keyID, true)
+			granted, err = a.try(ctx, &c, keyID, true)
 		}
 		switch {
 		case granted:
@@ -166,23 +185,36 @@ type verdict struct {
 	held    bool  // free is when a held lease ends
 }
 
-// try reads one candidate under WATCH and claims a slot if it has one.
-// Unless wait, it returns errGateBusy at once, having done nothing, if
-// another call of this process holds the key's gate.
-func (a *allocation) try(ctx context.Context, keyID string, wait bool) (granted bool, err error) {
+// try reads one candidate (under WATCH, see decide), on c's connection,
+// and claims a slot if it has one. Unless wait, it returns errGateBusy at once, having
+// done nothing, if another call of this process holds the key's gate; if
+// wait, c's connection is given back first, as nothing may hold one while
+// it waits.
+func (a *allocation) try(ctx context.Context, c *conns, keyID string, wait bool) (granted bool, err error) {
+	if wait {
+		c.end(ctx)
+	}
 	release, err := a.enter(ctx, keyID, wait)
 	if err != nil {
 		return false, err
 	}
 	defer release()
+	if err := a.holdOff(ctx, keyID, wait); err != nil {
+		return false, err
+	}
 	a.stats.Attempts++
 	var v verdict
-	err = a.watch(ctx, []string{a.keys.Key(keyID), a.keys.Leases(keyID)}, func(t *txn) (err error) {
+	start := time.Now()
+	// Only the key HASH is watched at first (see decide).
+	err = a.watchOn(ctx, c, []string{a.keys.Key(keyID)}, func(t *txn) (err error) {
 		v, err = a.decide(ctx, t, keyID)
 		return err
 	})
 	if errors.Is(err, ErrConflict) {
 		a.stats.Conflicts++
+	}
+	if errors.Is(err, redis.TxFailedErr) && !a.opts.NoGate {
+		a.notes.hold(keyID, time.Since(start))
 	}
 	if v.settled && a.pending == keyID {
 		a.pending = ""
@@ -198,53 +230,110 @@ func (a *allocation) try(ctx context.Context, keyID string, wait bool) (granted 
 	if v.granted {
 		a.grant(keyID, v.until, v.fence)
 		a.stats.Pruned += v.pruned
+		a.notes.won(keyID)
+	}
+	if v.settled && !v.granted && err == nil {
+		a.notes.skipped(keyID)
 	}
 	return v.granted, err
 }
 
-// decide is one round on keyID inside a transaction: read, decide, commit.
-// It changes nothing but the transaction and its verdict.
+// holdOff keeps the call off keyID while this process is held off it
+// after losing a race there (see notes): unless wait, it returns
+// errGateBusy, for the other candidates to go first; else it waits for
+// the hold-off to end, in the key's turn, so that this process's other
+// callers of the key wait too. A key whose EXEC reply was lost is never
+// held off: no other key may grant before it is rechecked. Without the
+// gate (Options.NoGate) nothing is held off: each call races on its own.
+func (a *allocation) holdOff(ctx context.Context, keyID string, wait bool) error {
+	until := a.notes.until(keyID)
+	switch {
+	case until.IsZero(), a.pending == keyID:
+		return nil
+	case !wait:
+		return errGateBusy
+	}
+	return sleepUntil(ctx, until)
+}
+
+// decide is one round on keyID inside a transaction that watches the key
+// HASH: read, decide, commit. It changes nothing but the transaction and
+// its verdict.
+//
+// Every grant writes the HASH, and so does a sync or a delete: watching
+// it, EXEC aborts on any write that could make the grant one too many. A
+// release, a renewal or a clear-out only shortens the lease ZSET or moves
+// a live lease's expiry, which leaves a grant decided before it within
+// the limit: those no longer abort a grant on a busy key. The one
+// exception is a lease counted out as expired, which a renewal that read
+// it just before it expired may extend: a grant that would prune expired
+// leases first watches the ZSET too and reads again.
 func (a *allocation) decide(ctx context.Context, t *txn, keyID string) (verdict, error) {
-	var v verdict
 	keyKey, leasesKey := a.keys.Key(keyID), a.keys.Leases(keyID)
 	recordKey := a.keys.Lease(keyID, a.member)
 	// After a lost EXEC reply on this key, the read also takes the fence
 	// that EXEC would have written, should it have landed.
 	recheck := a.pending == keyID
-	var (
-		clock  *redis.TimeCmd
-		hash   *redis.SliceCmd
-		leases *redis.ZSliceCmd
-		record *redis.SliceCmd
-	)
-	err := t.read(ctx, func(p redis.Pipeliner) {
-		clock = p.Time(ctx)
-		hash = p.HMGet(ctx, keyKey, keyFields...)
-		leases = p.ZRangeWithScores(ctx, leasesKey, 0, -1)
+	// A key this process just skipped (full, say) is read without WATCH
+	// first (a peek): while it stays full, that read is all it costs.
+	t.peek = t.arm != nil && !recheck && a.notes.skippedLately(keyID)
+	for wide := false; ; {
+		var (
+			v      verdict
+			clock  *redis.TimeCmd
+			hash   *redis.SliceCmd
+			leases *redis.ZSliceCmd
+			record *redis.SliceCmd
+		)
+		err := t.read(ctx, func(p redis.Pipeliner) {
+			clock = p.Time(ctx)
+			hash = p.HMGet(ctx, keyKey, keyFields...)
+			leases = p.ZRangeWithScores(ctx, leasesKey, 0, -1)
+			if recheck {
+				record = p.HMGet(ctx, recordKey, rs.FieldFence)
+			}
+		})
+		if err != nil {
+			return v, err
+		}
+		clockNow := clock.Val()
+		now := clockNow.UnixMilli()
 		if recheck {
-			record = p.HMGet(ctx, recordKey, rs.FieldFence)
+			if until, ok := liveScore(leases.Val(), a.member, now); ok {
+				return a.adopt(ctx, t, recordKey, until, record.Val())
+			}
 		}
-	})
-	if err != nil {
-		return v, err
+		v.settled = true
+		k := parseKey(hash.Val())
+		ls := splitLeases(leases.Val(), now)
+		if !k.member(a.req.Provider, a.req.Pool) {
+			return v, nil
+		}
+		if !Usable(k.status, k.cooldown, now) || ls.live >= k.limit {
+			v.free, v.held = freeAt(k, ls, now)
+			return v, nil
+		}
+		switch {
+		case t.peek:
+			// Room, seen unwatched: read it again under WATCH.
+			t.peek = false
+		case len(ls.expired) == 0 || wide:
+			return a.take(ctx, t, v, keyID, k, ls, clockNow)
+		default:
+			if err := t.widen(ctx, leasesKey); err != nil {
+				return v, err
+			}
+			wide = true
+		}
 	}
-	clockNow := clock.Val()
+}
+
+// take commits a grant on keyID, which has a free slot by k and ls read
+// at clockNow, pruning ls's expired leases.
+func (a *allocation) take(ctx context.Context, t *txn, v verdict, keyID string, k keyState, ls leaseSet, clockNow time.Time) (verdict, error) {
+	keyKey, leasesKey := a.keys.Key(keyID), a.keys.Leases(keyID)
+	recordKey := a.keys.Lease(keyID, a.member)
 	now := clockNow.UnixMilli()
-	if recheck {
-		if until, ok := liveScore(leases.Val(), a.member, now); ok {
-			return a.adopt(ctx, t, recordKey, until, record.Val())
-		}
-	}
-	v.settled = true
-	k := parseKey(hash.Val())
-	ls := splitLeases(leases.Val(), now)
-	if !k.member(a.req.Provider, a.req.Pool) {
-		return v, nil
-	}
-	if !Usable(k.status, k.cooldown, now) || ls.live >= k.limit {
-		v.free, v.held = freeAt(k, ls, now)
-		return v, nil
-	}
 	until := now + a.req.TTL.Milliseconds()
 	fence := NextFence(k.fence, clockNow)
 	var body []cmd

@@ -70,6 +70,11 @@ type AllocateRequest struct {
 	Candidates []string
 	// TTL is the lease length, at least one millisecond.
 	TTL time.Duration
+	// Wait, when positive, is how long Allocate may wait for a slot to
+	// free up instead of answering ErrNoCapacity at once; ctx bounds it
+	// too. Waiting callers of one process are served in arrival order. A
+	// store that is not a Waiter refuses it as invalid.
+	Wait time.Duration
 }
 
 // LeaseRef names a lease: release and renew succeed only if all four match.
@@ -112,6 +117,18 @@ type Stats struct {
 	// fails with ErrStore, never ErrNoCapacity: the skipped ones may have
 	// room.
 	Unreachable int
+	// Waited is the time the call spent waiting in line for a slot
+	// (AllocateRequest.Wait), not asking the store.
+	Waited time.Duration
+}
+
+// Add adds o's counts and time waited to st's.
+func (st *Stats) Add(o Stats) {
+	st.Attempts += o.Attempts
+	st.Conflicts += o.Conflicts
+	st.Pruned += o.Pruned
+	st.Unreachable += o.Unreachable
+	st.Waited += o.Waited
 }
 
 // KeyState is a credential's allocation state: what SyncKey writes and
@@ -182,6 +199,9 @@ func (req AllocateRequest) Validate() error {
 	}
 	if err := CheckKeyIDs(req.Candidates...); err != nil {
 		return err
+	}
+	if req.Wait < 0 {
+		return invalidf("wait %v: want zero (do not wait) or more", req.Wait)
 	}
 	return CheckTTL(req.TTL)
 }

@@ -12,12 +12,6 @@ import (
 	"github.com/credpool/credpool/test/redistest"
 )
 
-func gateCount(s *Store) int {
-	s.gates.mu.Lock()
-	defer s.gates.mu.Unlock()
-	return len(s.gates.m)
-}
-
 // A gate lives only while someone holds or waits for it: a process that
 // touches many keys over its life, or deletes them, keeps no gate behind.
 func TestGatesDoNotOutliveTheirUse(t *testing.T) {
@@ -29,9 +23,9 @@ func TestGatesDoNotOutliveTheirUse(t *testing.T) {
 	require.NoError(t, err)
 	_, err = s.enter(ctx, "a", false)
 	require.ErrorIs(t, err, errGateBusy)
-	require.Equal(t, 1, gateCount(s), "held")
+	require.Equal(t, 1, s.gates.Len(), "held")
 	release()
-	require.Zero(t, gateCount(s), "released")
+	require.Zero(t, s.gates.Len(), "released")
 
 	const keys = 20
 	for i := range keys {
@@ -58,14 +52,14 @@ func TestGatesDoNotOutliveTheirUse(t *testing.T) {
 	for err := range errs {
 		require.NoError(t, err)
 	}
-	require.Zero(t, gateCount(s), "after %d keys were allocated on concurrently", keys)
+	require.Zero(t, s.gates.Len(), "after %d keys were allocated on concurrently", keys)
 
 	for i := range keys {
 		require.NoError(t, s.DeleteKey(ctx, fmt.Sprint("k", i)))
 	}
 	_, err = s.ClearLeases(ctx, "never-seen")
 	require.NoError(t, err)
-	require.Zero(t, gateCount(s), "after DeleteKey and ClearLeases")
+	require.Zero(t, s.gates.Len(), "after DeleteKey and ClearLeases")
 }
 
 func errorsIsAny(err error, targets ...error) bool {

@@ -3,6 +3,8 @@ package optimistic
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -29,10 +31,15 @@ func (s *Store) Release(ctx context.Context, ref LeaseRef) error {
 	if err != nil {
 		return Classify(ctx, "release", err)
 	}
-	err = s.release(ctx, rdb, ref)
+	freed, err := s.release(ctx, rdb, ref)
 	if rerouted(err) {
 		// The slot moved or is moving: let the cluster client follow it.
-		err = s.release(ctx, s.rdb, ref)
+		freed, err = s.release(ctx, s.rdb, ref)
+	}
+	if freed {
+		// The next caller waiting here in line, at once: this store's
+		// own notice is ignored here.
+		s.queue.Wake(ref.KeyID)
 	}
 	return Classify(ctx, "release", err)
 }
@@ -86,32 +93,64 @@ func (s *Store) holder(ctx context.Context, rdb redis.UniversalClient, ref Lease
 }
 
 // release removes ref's member and record in one MULTI, which names them
-// by owner (see Release); TIME and ZSCORE ride along to tell a live lease
-// from one that had expired.
-func (s *Store) release(ctx context.Context, rdb redis.UniversalClient, ref LeaseRef) error {
+// by owner (see Release), and says whether it freed a slot; TIME and
+// ZSCORE ride along to tell a live lease from one that had expired. The key's free-slot notice (see Await)
+// follows EXEC in the same round trip, outside the transaction: inside,
+// Redis Cluster would refuse the whole MULTI while the key's slot moves.
+func (s *Store) release(ctx context.Context, rdb redis.UniversalClient, ref LeaseRef) (freed bool, err error) {
 	leasesKey, m := s.keys.Leases(ref.KeyID), member(ref)
-	var (
-		clock        *redis.TimeCmd
-		score        *redis.FloatCmd
-		removed, del *redis.IntCmd
-	)
-	_, err := rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		clock = p.Time(ctx)
-		score = p.ZScore(ctx, leasesKey, m)
-		removed = p.ZRem(ctx, leasesKey, m)
-		del = p.Del(ctx, s.keys.Lease(ref.KeyID, m))
-		return nil
-	})
-	if err != nil && !errors.Is(err, redis.Nil) {
-		return aborted(err, []redis.Cmder{clock, score, removed, del})
+	body := []cmd{{"time"}, {"zscore", leasesKey, m}, {"zrem", leasesKey, m}, {"del", s.keys.Lease(ref.KeyID, m)}}
+	notice := cmd{"spublish", s.keys.Free(ref.KeyID), s.id}
+	var replies []any
+	if plain, ok := rdb.(*redis.Client); ok {
+		replies, _, _, err = s.multiThen(ctx, plain, body, notice)
+	} else if replies, err = txPipelinedDo(ctx, rdb, body); err == nil {
+		// A client that routes commands itself: the notice goes alone.
+		_ = rdb.Do(ctx, notice...).Err()
 	}
+	if err != nil {
+		return false, err
+	}
+	removed, _ := replies[2].(int64)
+	if removed == 0 {
+		return false, s.lost(ctx, rdb, ref)
+	}
+	now, ok := replyMillis(replies[0])
+	score, _ := replyFloat(replies[1])
 	switch {
-	case removed.Val() == 0:
-		return s.lost(ctx, rdb, ref)
-	case int64(score.Val()) <= clock.Val().UnixMilli():
-		return NotHeld(ref.LeaseID, LostExpired)
+	case !ok:
+		return true, fmt.Errorf("optimistic: release: unexpected TIME reply %v", replies[0])
+	case int64(score) <= now:
+		return true, NotHeld(ref.LeaseID, LostExpired)
 	}
-	return nil
+	return true, nil
+}
+
+// replyMillis reads a TIME reply inside EXEC's: seconds and microseconds,
+// as strings (RESP2 and RESP3 alike), in milliseconds.
+func replyMillis(v any) (int64, bool) {
+	parts, _ := v.([]any)
+	if len(parts) != 2 {
+		return 0, false
+	}
+	sec, _ := parts[0].(string)
+	usec, _ := parts[1].(string)
+	s, err1 := strconv.ParseInt(sec, 10, 64)
+	us, err2 := strconv.ParseInt(usec, 10, 64)
+	return s*1000 + us/1000, err1 == nil && err2 == nil
+}
+
+// replyFloat reads a score inside EXEC's reply: a double (RESP3) or a
+// string (RESP2); nil (no such member) is false.
+func replyFloat(v any) (float64, bool) {
+	switch v := v.(type) {
+	case float64:
+		return v, true
+	case string:
+		f, err := strconv.ParseFloat(v, 64)
+		return f, err == nil
+	}
+	return 0, false
 }
 
 // lost says why ref's member is not in its key's lease ZSET, in one more

@@ -33,12 +33,25 @@ var errUnreplicated = errors.New("optimistic: too few replicas acknowledged the 
 // can follow EXEC in the same round trip, which go-redis's TxPipelined
 // cannot do; each queued command answers QUEUED, and EXEC the results.
 func (s *Store) multi(ctx context.Context, c pipeliner, body []cmd) (replies []any, ran bool, err error) {
+	var wait cmd
+	if s.opts.MinReplicas > 0 {
+		wait = s.waitArgs()
+	}
+	replies, ran, ack, err := s.multiThen(ctx, c, body, wait)
+	if err == nil && ack != nil {
+		err = s.acked(ack)
+	}
+	return replies, ran, err
+}
+
+// multiThen is multi with then (unless nil) in WAIT's place: a command
+// sent after EXEC in the same round trip, returned unread.
+func (s *Store) multiThen(ctx context.Context, c pipeliner, body []cmd, then cmd) (replies []any, ran bool, after *redis.Cmd, err error) {
 	var (
 		queued = make([]redis.Cmder, len(body))
 		exec   *redis.Cmd
-		wait   *redis.Cmd
 	)
-	// The pipeline's own error is the first command's: EXEC's and WAIT's
+	// The pipeline's own error is the first command's: EXEC's and then's
 	// are read below.
 	_, _ = c.Pipelined(ctx, func(p redis.Pipeliner) error {
 		p.Do(ctx, "multi")
@@ -46,34 +59,31 @@ func (s *Store) multi(ctx context.Context, c pipeliner, body []cmd) (replies []a
 			queued[i] = p.Do(ctx, c...)
 		}
 		exec = p.Do(ctx, "exec")
-		if s.opts.MinReplicas > 0 {
-			wait = p.Do(ctx, s.waitArgs()...)
+		if then != nil {
+			after = p.Do(ctx, then...)
 		}
 		return nil
 	})
 	switch err := exec.Err(); {
 	case errors.Is(err, redis.Nil):
-		return nil, true, redis.TxFailedErr
+		return nil, true, after, redis.TxFailedErr
 	case redis.IsExecAbortError(err):
-		return nil, true, aborted(err, queued)
+		return nil, true, after, aborted(err, queued)
 	case rerouted(err):
 		// EXEC itself refused for the slot: the transaction and its WATCH
 		// were discarded.
-		return nil, true, err
+		return nil, true, after, err
 	case err != nil:
 		// Sent or not, ran or not: the caller cannot know.
-		return nil, false, err
+		return nil, false, after, err
 	}
 	replies, _ = exec.Val().([]any)
 	for _, r := range replies {
 		if rerr, ok := r.(error); ok {
-			return replies, true, rerr
+			return replies, true, after, rerr
 		}
 	}
-	if wait != nil {
-		return replies, true, s.acked(wait)
-	}
-	return replies, true, nil
+	return replies, true, after, nil
 }
 
 // txPipelined runs body as MULTI/EXEC on tx through go-redis's own
@@ -140,7 +150,7 @@ func aborted(err error, queued []redis.Cmder) error {
 }
 
 // waitArgs is the WAIT command for Options.MinReplicas.
-func (s *Store) waitArgs() []any {
+func (s *Store) waitArgs() cmd {
 	return []any{"wait", s.opts.MinReplicas, s.opts.ReplicaTimeout.Milliseconds()}
 }
 
@@ -168,6 +178,16 @@ func (s *Store) write(ctx context.Context, c redis.UniversalClient, body []cmd) 
 		replies, _, err := s.multi(ctx, plain, body)
 		return replies, err
 	}
+	replies, err := txPipelinedDo(ctx, c, body)
+	if err == nil && s.opts.MinReplicas > 0 {
+		return replies, fmt.Errorf("%w: no WAIT through %T", errUnreplicated, c)
+	}
+	return replies, err
+}
+
+// txPipelinedDo runs body as one transaction through go-redis's
+// TxPipelined, which routes it on any client, and returns EXEC's replies.
+func txPipelinedDo(ctx context.Context, c redis.UniversalClient, body []cmd) ([]any, error) {
 	cmds := make([]*redis.Cmd, len(body))
 	_, err := c.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		for i, b := range body {
@@ -176,14 +196,15 @@ func (s *Store) write(ctx context.Context, c redis.UniversalClient, body []cmd) 
 		return nil
 	})
 	if err != nil && !errors.Is(err, redis.Nil) {
-		return nil, err
+		cmders := make([]redis.Cmder, len(cmds))
+		for i, c := range cmds {
+			cmders[i] = c
+		}
+		return nil, aborted(err, cmders)
 	}
 	replies := make([]any, len(cmds))
 	for i, c := range cmds {
 		replies[i] = c.Val()
-	}
-	if s.opts.MinReplicas > 0 {
-		return replies, fmt.Errorf("%w: no WAIT through %T", errUnreplicated, c)
 	}
 	return replies, nil
 }

@@ -10,16 +10,6 @@ import (
 	"github.com/credpool/credpool/test/redistest"
 )
 
-// gateRefs is how many calls hold or wait for keyID's gate.
-func gateRefs(s *Store, keyID string) int {
-	s.gates.mu.Lock()
-	defer s.gates.mu.Unlock()
-	if gt := s.gates.m[keyID]; gt != nil {
-		return gt.refs
-	}
-	return 0
-}
-
 // After an EXEC reply is lost on one candidate, no other candidate may
 // grant before that one is rechecked, even while another call of this
 // process holds its gate: one call, one slot.
@@ -68,7 +58,7 @@ func TestLostReplyIsRecheckedBeforeOtherCandidates(t *testing.T) {
 	require.NotNil(t, release, "the proxy never cut an EXEC reply")
 	// The helper holds a's turn while the call still needs it: the call
 	// queues for it (a second reference) instead of granting on b.
-	require.Eventually(t, func() bool { return gateRefs(s, "a") == 2 }, 10*time.Second, time.Millisecond,
+	require.Eventually(t, func() bool { return s.gates.Users("a") == 2 }, 10*time.Second, time.Millisecond,
 		"the call never waited for a's turn")
 	select {
 	case err := <-done:

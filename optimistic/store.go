@@ -9,8 +9,10 @@ import (
 	"sync"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/credpool/credpool/internal/keygate"
 	rs "github.com/credpool/credpool/internal/redisschema"
 	"github.com/credpool/credpool/internal/retry"
 )
@@ -72,6 +74,15 @@ type Options struct {
 	//
 	// default: 100ms
 	ReplicaTimeout time.Duration
+
+	// NoGate turns off the per-key turn (internal/keygate) that Allocate,
+	// DeleteKey and ClearLeases take within this process: every call then
+	// races in its own transaction, as calls of separate processes do. It
+	// exists to measure what the turn gives (the benchmark's
+	// optimistic-nogate); a hot key aborts far more EXECs without it.
+	//
+	// default: false (gate on)
+	NoGate bool
 }
 
 func (o *Options) withDefaults() Options {
@@ -112,10 +123,16 @@ type Store struct {
 	opts   Options
 	keys   rs.Schema
 	policy retry.Policy
-	gates  gates
+	gates  keygate.Set
+	// id signs this store's free-slot notices (see Await).
+	id      string
+	queue   Queue
+	notices notices
 	// cluster says rdb is a Redis Cluster client: only there can some keys
 	// be unreachable while others answer.
 	cluster bool
+	// notes is what Allocate learned of keys from its last attempts.
+	notes notes
 }
 
 // New returns a Store over rdb: a standalone, Sentinel (failover) or Cluster
@@ -130,7 +147,7 @@ func New(rdb redis.UniversalClient, opts *Options) (*Store, error) {
 	}
 	_, cluster := rdb.(*redis.ClusterClient)
 	return &Store{
-		rdb: rdb, opts: o, keys: rs.Schema{Prefix: o.Prefix}, cluster: cluster,
+		rdb: rdb, opts: o, keys: rs.Schema{Prefix: o.Prefix}, cluster: cluster, id: uuid.NewString(),
 		policy: retry.Policy{MaxRetries: o.MaxRetries, MinBackoff: o.MinBackoff, MaxBackoff: o.MaxBackoff, MaxElapsed: o.MaxElapsed},
 	}, nil
 }

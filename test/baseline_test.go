@@ -32,6 +32,22 @@ func TestBaselineStress(t *testing.T) {
 	leasetest.Stress(t, func(t *testing.T) leasetest.Backend { return redisBackend(t, standalone, newBaseline) }, 3*time.Second)
 }
 
+func newGatedBaseline(t *testing.T, rdb redis.UniversalClient) optimistic.LeaseStore {
+	s, err := baseline.New(rdb, &baseline.Options{Gate: true})
+	require.NoError(t, err)
+	return s
+}
+
+// The benchmark's lua+gate keeps the contract: the turn changes the order
+// candidates are tried in under concurrency, nothing else.
+func TestGatedBaselineConformance(t *testing.T) {
+	leasetest.Run(t, func(t *testing.T) leasetest.Backend { return redisBackend(t, standalone, newGatedBaseline) })
+}
+
+func TestGatedBaselineStress(t *testing.T) {
+	leasetest.Stress(t, func(t *testing.T) leasetest.Backend { return redisBackend(t, standalone, newGatedBaseline) }, 3*time.Second)
+}
+
 // Both stores use one key schema, so either one sees, releases, renews and
 // deletes what the other wrote.
 func TestStoresShareSchema(t *testing.T) {

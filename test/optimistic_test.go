@@ -86,6 +86,22 @@ func TestOptimisticStress(t *testing.T) {
 	leasetest.Stress(t, func(t *testing.T) leasetest.Backend { return redisBackend(t, standalone, newOptimistic) }, 3*time.Second)
 }
 
+func newUngatedOptimistic(t *testing.T, rdb redis.UniversalClient) optimistic.LeaseStore {
+	s, err := optimistic.New(rdb, &optimistic.Options{NoGate: true})
+	require.NoError(t, err)
+	return s
+}
+
+// The benchmark's optimistic-nogate keeps the contract: without the turn a
+// process's own calls race in their transactions, and still never oversell.
+func TestUngatedOptimisticConformance(t *testing.T) {
+	leasetest.Run(t, func(t *testing.T) leasetest.Backend { return redisBackend(t, standalone, newUngatedOptimistic) })
+}
+
+func TestUngatedOptimisticStress(t *testing.T) {
+	leasetest.Stress(t, func(t *testing.T) leasetest.Backend { return redisBackend(t, standalone, newUngatedOptimistic) }, 3*time.Second)
+}
+
 // A heartbeat never fails as contended, however hot the key: Renew writes
 // without WATCH. The store here allows a single conflict retry, so a
 // renewal that could conflict would soon run out.

@@ -15,6 +15,17 @@
 // The price is one round trip per skipped candidate, where the seed pays
 // one per call.
 //
+// Options.Gate adds the optimistic store's admission control, so that the
+// benchmark can compare the two with everything else equal (lua+gate
+// against optimistic, lua against optimistic-nogate): a run holds its
+// candidate's turn in this process (internal/keygate), and a candidate
+// whose turn another call holds goes to the back of the call's list and
+// is waited for there. Each script run already covers one candidate, as
+// each WATCH transaction does, so the gated loop is the optimistic
+// store's, minus the conflicts a script cannot have. A script cannot be
+// oversold either way; what the turn changes is how many runs a hot key's
+// callers spend finding it full.
+//
 // Unlike the seed, membership is read from the key HASH (same slot) rather
 // than the pool ZSET, time is Redis TIME in ms rather than the caller's
 // clock, and release refuses an expired lease that was not pruned yet.

@@ -7,6 +7,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/credpool/credpool/internal/keygate"
 	rs "github.com/credpool/credpool/internal/redisschema"
 	"github.com/credpool/credpool/optimistic"
 )
@@ -27,6 +28,16 @@ type Options struct {
 	//
 	// default: 1m
 	RecordGrace time.Duration
+
+	// Gate gives Allocate the optimistic store's per-key turn within this
+	// process (internal/keygate): no two calls of one store run the script
+	// on the same key at once, and a candidate whose turn is taken is tried
+	// after the others. It exists so the benchmark compares the two stores
+	// with the same admission control (lua+gate against optimistic);
+	// Release, Renew and the admin scripts never take it.
+	//
+	// default: false (no gate, as the seed)
+	Gate bool
 }
 
 func (o *Options) withDefaults() Options {
@@ -49,6 +60,8 @@ type Store struct {
 	rdb  redis.UniversalClient
 	opts Options
 	keys rs.Schema
+	// gates are the per-key turns of Options.Gate.
+	gates keygate.Set
 	// direct runs SyncKey, Inspect, Holds and Ping, which need no script.
 	direct *optimistic.Store
 }

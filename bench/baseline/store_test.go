@@ -2,7 +2,10 @@ package baseline
 
 import (
 	"context"
+	"errors"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -97,4 +100,95 @@ func TestNewRejectsBadPrefix(t *testing.T) {
 	require.ErrorIs(t, err, optimistic.ErrInvalid)
 	_, err = New(nil, nil)
 	require.Error(t, err)
+}
+
+func newGatedStore(t *testing.T) *Store {
+	t.Helper()
+	s, err := New(redistest.Start(t).Client(t), &Options{Gate: true})
+	require.NoError(t, err)
+	return s
+}
+
+// With the gate, a candidate another call of this store works on is tried
+// after the others, and waited for only when none of them grants.
+func TestGatedAllocateTriesBusyKeyLast(t *testing.T) {
+	s := newGatedStore(t)
+	ctx := t.Context()
+	for _, id := range []string{"a", "b"} {
+		require.NoError(t, s.SyncKey(ctx, optimistic.KeyState{
+			ID: id, Provider: "openai", Pool: "default", Status: optimistic.StatusAvailable, MaxConcurrentUses: 1,
+		}))
+	}
+	req := optimistic.AllocateRequest{Provider: "openai", Pool: "default", Candidates: []string{"a", "b"}, TTL: time.Minute}
+	release, err := s.gates.Enter(ctx, "a")
+	require.NoError(t, err)
+	l, st, err := s.Allocate(ctx, req)
+	require.NoError(t, err)
+	require.Equal(t, "b", l.KeyID, "a is busy in this process, b has room")
+	require.Equal(t, 1, st.Attempts, "a was not run while busy")
+
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	_, st, err = s.Allocate(short, req)
+	require.ErrorIs(t, err, context.DeadlineExceeded, "b is full, a's turn never comes")
+	require.Equal(t, 1, st.Attempts)
+	require.Equal(t, 1, s.gates.Users("a"), "the wait left with its ctx")
+
+	release()
+	l, _, err = s.Allocate(ctx, req)
+	require.NoError(t, err)
+	require.Equal(t, "a", l.KeyID)
+	require.Zero(t, s.gates.Len(), "no gate outlives its use")
+}
+
+// Many callers of one gated store on one hot key: never more holders than
+// the limit, every call either granted or told no slot, and no gate left.
+func TestGatedNeverOversells(t *testing.T) {
+	s := newGatedStore(t)
+	ctx := t.Context()
+	const limit = 2
+	require.NoError(t, s.SyncKey(ctx, optimistic.KeyState{
+		ID: "hot", Provider: "openai", Pool: "default", Status: optimistic.StatusAvailable, MaxConcurrentUses: limit,
+	}))
+	req := optimistic.AllocateRequest{Provider: "openai", Pool: "default", Candidates: []string{"hot"}, TTL: time.Minute}
+	var (
+		holders, most, grants atomic.Int64
+		wg                    sync.WaitGroup
+	)
+	errs := make(chan error, 32)
+	for range 32 {
+		wg.Go(func() {
+			for range 20 {
+				l, _, err := s.Allocate(ctx, req)
+				if errors.Is(err, optimistic.ErrNoCapacity) {
+					continue
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+				grants.Add(1)
+				n := holders.Add(1)
+				for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+				}
+				time.Sleep(200 * time.Microsecond)
+				holders.Add(-1)
+				if err := s.Release(ctx, l.LeaseRef); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	require.Positive(t, grants.Load())
+	require.LessOrEqual(t, most.Load(), int64(limit))
+	infos, err := s.Inspect(ctx, "hot")
+	require.NoError(t, err)
+	require.Zero(t, infos[0].Live, "every grant was released")
+	require.Zero(t, s.gates.Len())
 }

@@ -31,7 +31,8 @@ var chartMetrics = []chartMetric{
 		}
 		return *r.ConflictsPerGrant, true
 	}},
-	{"p99", "p99 grant latency (ms)", func(r *Run) (float64, bool) { return r.GrantLatency.P99, r.Counts.Grants > 0 }},
+	{"p99", "p99 per-call latency, granted (ms)", callP99.get},
+	{"ttg-p99", "p99 time to grant (ms)", waitedP99.get},
 }
 
 // Tile size of one limit/procs combination.
@@ -40,11 +41,11 @@ const (
 	tileHeight = 2.6 * vg.Inch
 )
 
-// WritePlots writes, for every scenario and loop, one PNG per metric
-// (goodput, conflicts per grant, p99 latency) against worker count: one
-// tile per limit
-// (rows) and process count (columns), one line per strategy. It returns the
-// paths written.
+// WritePlots writes, for every scenario, loop and pause, one PNG per
+// metric (goodput, conflicts per grant, p99 per-call latency, p99 time to
+// grant) against worker count: one tile per limit (rows) and process
+// count (columns), one line per strategy through the medians of the
+// repetitions. It returns the paths written.
 func (r *Report) WritePlots(dir string) ([]string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("report: %w", err)
@@ -62,11 +63,11 @@ func (r *Report) WritePlots(dir string) ([]string, error) {
 	return written, nil
 }
 
-// chartGroup is the runs of one scenario and loop.
+// chartGroup is the runs of one scenario, loop and pause (or wait).
 type chartGroup struct {
 	name                   string
 	scenario               string
-	loop                   string
+	loop                   string // with the pause of a closed loop
 	limits, procs, workers []int
 	runs                   []*Run
 }
@@ -75,14 +76,20 @@ func (r *Report) chartGroups() []*chartGroup {
 	var groups []*chartGroup
 	for i := range r.Runs {
 		run := &r.Runs[i]
-		name := run.Scenario + "-" + run.Loop
-		if run.Loop == "open" {
+		name, loop := run.Scenario+"-"+run.Loop, run.LoopLabel()
+		switch {
+		case run.Loop == "open":
 			name += "-" + strconv.FormatFloat(run.Rate, 'f', -1, 64)
+		case run.Wait != "":
+			name += "-wait-" + run.Wait
+		default:
+			name += "-" + run.Pause
+			loop += " pause " + run.Pause
 		}
 		j := slices.IndexFunc(groups, func(g *chartGroup) bool { return g.name == name })
 		if j < 0 {
 			j = len(groups)
-			groups = append(groups, &chartGroup{name: name, scenario: run.Scenario, loop: run.LoopLabel()})
+			groups = append(groups, &chartGroup{name: name, scenario: run.Scenario, loop: loop})
 		}
 		g := groups[j]
 		if !slices.Contains(g.limits, run.Limit) {
@@ -149,15 +156,16 @@ func (r *Report) tile(g *chartGroup, m chartMetric, limit, procs int) (*plot.Plo
 	p.X.Tick.Marker = plot.ConstantTicks(ticks)
 	for i, name := range r.strategies() {
 		var pts plotter.XYs
-		for _, run := range g.runs {
-			if run.Strategy != name || run.Limit != limit || run.Procs != procs {
-				continue
+		for _, w := range g.workers {
+			var reps []*Run
+			for _, run := range g.runs {
+				if run.Strategy == name && run.Limit == limit && run.Procs == procs && run.Workers == w {
+					reps = append(reps, run)
+				}
 			}
-			v, ok := m.value(run)
-			if !ok {
-				continue
+			if sp, n := spreadOf(reps, m.value); n > 0 {
+				pts = append(pts, plotter.XY{X: float64(w), Y: sp.Median})
 			}
-			pts = append(pts, plotter.XY{X: float64(run.Workers), Y: v})
 		}
 		if len(pts) == 0 {
 			continue

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"time"
 
@@ -19,6 +20,27 @@ import (
 type Report struct {
 	Env  Env   `json:"env"`
 	Runs []Run `json:"runs"`
+	// Skipped are the strategies left out of some cells, and why.
+	Skipped []Skip `json:"skipped,omitempty"`
+}
+
+// Skip is a strategy left out of some cells: Runs counts the runs (cells
+// times repetitions) it did not make.
+type Skip struct {
+	Strategy string `json:"strategy"`
+	Reason   string `json:"reason"`
+	Runs     int    `json:"runs"`
+}
+
+// Skip records that strategy did not run one cell, for reason.
+func (r *Report) Skip(strategy, reason string) {
+	for i, s := range r.Skipped {
+		if s.Strategy == strategy && s.Reason == reason {
+			r.Skipped[i].Runs++
+			return
+		}
+	}
+	r.Skipped = append(r.Skipped, Skip{Strategy: strategy, Reason: reason, Runs: 1})
 }
 
 // Env is the machine and software a report was measured on.
@@ -99,9 +121,11 @@ func CommandLine(args []string) string {
 	return strings.Join(quoted, " ")
 }
 
-// Run is one cell on one strategy.
+// Run is one cell on one strategy, once.
 type Run struct {
 	Strategy string `json:"strategy"`
+	// Rep numbers the cell's repetitions from 1 (see bench.Config.Reps).
+	Rep      int    `json:"rep"`
 	Scenario string `json:"scenario"`
 	// Loop is "closed" or "open"; Rate is the open loop's offered
 	// allocations per second.
@@ -120,7 +144,12 @@ type Run struct {
 	Ops        int64   `json:"ops,omitempty"`
 	CrashShare float64 `json:"crash_share,omitempty"`
 	TTL        string  `json:"ttl"`
-	Pause      string  `json:"pause"`
+	// Pause is the closed loop's pause after "no slot" (±50%).
+	Pause string `json:"pause"`
+	// Wait is the bound of each call of waiting callers
+	// (AllocateRequest.Wait, never past the end of the run), who never
+	// pause; empty for retrying callers.
+	Wait string `json:"wait,omitempty"`
 
 	ElapsedSeconds float64 `json:"elapsed_seconds"`
 	Counts         Counts  `json:"counts"`
@@ -137,13 +166,57 @@ type Run struct {
 	AttemptsPerGrant   *float64 `json:"attempts_per_grant"`
 	CommandsPerGrant   *float64 `json:"commands_per_grant"`
 	RoundTripsPerGrant *float64 `json:"round_trips_per_grant"`
+	// RequestsPerGrant is every request the run sent Redis: the round
+	// trips, and the subscription commands (SSUBSCRIBE, SUNSUBSCRIBE, by
+	// INFO commandstats) that waiting callers' stores send over pub/sub
+	// connections of their own, which the round trips do not see.
+	RequestsPerGrant *float64 `json:"requests_per_grant"`
 	// Commands counts Redis commands by name over the run.
 	Commands map[string]int64 `json:"commands,omitempty"`
-	// GrantLatency is over granted calls, CallLatency over all calls.
+	// GrantLatency is over granted calls, CallLatency over all calls, each
+	// call on its own. TimeToGrant is over grants, from the start of the
+	// caller's first call for it, so calls that found no slot and the
+	// pauses after them count too (and callers left waiting at the end,
+	// with their wait so far; see Counts.Waiting).
 	GrantLatency Latency `json:"grant_latency_ms"`
 	CallLatency  Latency `json:"call_latency_ms"`
+	TimeToGrant  Latency `json:"time_to_grant_ms"`
 	Audit        Audit   `json:"audit"`
-	FirstError   string  `json:"first_error,omitempty"`
+	// Fairness is how the grants spread over the callers.
+	Fairness   Fairness `json:"fairness"`
+	FirstError string   `json:"first_error,omitempty"`
+}
+
+// Fairness is the spread of grants over a run's callers.
+type Fairness struct {
+	Callers int `json:"callers"`
+	// Min and Max are the fewest and most grants of one caller; Starved
+	// counts the callers with none.
+	Min     int64 `json:"min_grants"`
+	Max     int64 `json:"max_grants"`
+	Starved int   `json:"starved"`
+	// MaxOverMin is Max/Min: 1 is perfectly fair. Nil when a caller got
+	// nothing (the ratio is infinite; see Starved) or there are no callers.
+	MaxOverMin *float64 `json:"max_over_min"`
+}
+
+// FairnessOf is the spread of grants, one count per caller.
+func FairnessOf(grants []int64) Fairness {
+	f := Fairness{Callers: len(grants)}
+	if len(grants) == 0 {
+		return f
+	}
+	f.Min, f.Max = slices.Min(grants), slices.Max(grants)
+	for _, n := range grants {
+		if n == 0 {
+			f.Starved++
+		}
+	}
+	if f.Min > 0 {
+		v := float64(f.Max) / float64(f.Min)
+		f.MaxOverMin = &v
+	}
+	return f
 }
 
 // Counts are a run's raw totals; see workload.Result.
@@ -161,6 +234,7 @@ type Counts struct {
 	Lost          int64 `json:"lost"`
 	ReleaseErrors int64 `json:"release_errors"`
 	Offered       int64 `json:"offered,omitempty"`
+	Waiting       int64 `json:"waiting"`
 }
 
 // Latency percentiles in milliseconds.

@@ -38,16 +38,19 @@ func TestCommandLine(t *testing.T) {
 
 func ptr(v float64) *float64 { return &v }
 
-// sample is two strategies on one cell, the first oversold.
+// sample is two strategies with the same admission control on one cell,
+// the first oversold once.
 func sample() *Report {
-	cell := Run{Scenario: "hot", Loop: "closed", Keys: 1, Limit: 1, Candidates: 1, Workers: 8, Procs: 2}
+	cell := Run{Scenario: "hot", Loop: "closed", Keys: 1, Limit: 1, Candidates: 1, Workers: 8, Procs: 2, Pause: "1ms", Rep: 1}
 	opt, lua := cell, cell
-	opt.Strategy, opt.GrantsPerSec, opt.GrantLatency.P99 = "optimistic", 100, 8
+	opt.Strategy, opt.GrantsPerSec, opt.GrantLatency.P99, opt.TimeToGrant.P99 = "optimistic", 100, 8, 40
+	opt.Counts.Grants = 300
 	opt.ConflictsPerGrant, opt.RoundTripsPerGrant = ptr(7.5), ptr(20)
 	opt.Audit = Audit{HolderViolations: 3, MaxHolders: 2, First: "2 holders of k0, limit 1"}
-	lua.Strategy, lua.GrantsPerSec, lua.GrantLatency.P99 = "lua", 400, 2
+	lua.Strategy, lua.GrantsPerSec, lua.GrantLatency.P99, lua.TimeToGrant.P99 = "lua+gate", 400, 2, 80
+	lua.Counts.Grants = 1200
 	lua.ConflictsPerGrant, lua.RoundTripsPerGrant = ptr(0), ptr(2)
-	return &Report{Env: Env{Strategies: []string{"optimistic", "lua"}, CommandLine: "credpool bench"}, Runs: []Run{opt, lua}}
+	return &Report{Env: Env{Strategies: []string{"optimistic", "lua+gate"}, CommandLine: "credpool bench"}, Runs: []Run{opt, lua}}
 }
 
 func TestMarkdownSideBySide(t *testing.T) {
@@ -56,9 +59,34 @@ func TestMarkdownSideBySide(t *testing.T) {
 	md := b.String()
 	require.Contains(t, md, "**Oversell audit: FAILED.**")
 	require.Contains(t, md, "- optimistic, hot closed limit 1, 8 workers, 2 procs: 3 holder violations (max 2 holders, limit 1)")
-	require.Contains(t, md, "| hot | closed | 1 | 8 | 2 | 100 | 400 | 0.25× | 8.00 | 2.00 | 4.00× | 7.50 | 0.00 | 20.00 | 2.00 |")
-	require.Contains(t, md, "| optimistic | hot | closed | 1 | 8 | 2 | 100 |")
+	require.Contains(t, md, "| hot | closed | 1ms | 1 | 8 | 2 | 100 | 400 | 0.25× |", "grants/s")
+	require.Contains(t, md, "| hot | closed | 1ms | 1 | 8 | 2 | 40.0 | 80.0 | 0.50× |", "time to grant p99")
+	require.Contains(t, md, "| hot | closed | 1ms | 1 | 8 | 2 | 8.00 | 2.00 | 4.00× |", "per-call p99")
+	require.Contains(t, md, "| hot | closed | 1ms | 1 | 8 | 2 | 7.50 | 0.00 | 20.00 | 2.00 |", "conflicts and round trips")
+	require.Contains(t, md, "| optimistic | 1 | hot | closed | 1ms | 1 | 8 | 2 | 100 |")
 	require.Contains(t, md, "**FAILED** (3+0)")
+	require.Contains(t, md, "Every cell ran once")
+}
+
+// Repetitions of a cell make one row: the median with the range, ratios
+// of medians, and only between strategies with the same admission
+// control.
+func TestMarkdownMediansOfRepetitions(t *testing.T) {
+	var runs []Run
+	for i, g := range [][2]float64{{100, 300}, {130, 200}, {90, 250}} {
+		for j, name := range []string{"optimistic-nogate", "lua", "optimistic"} {
+			runs = append(runs, Run{Strategy: name, Rep: i + 1, Scenario: "hot", Loop: "closed", Limit: 1, Workers: 64, Procs: 1,
+				Pause: "5ms", GrantsPerSec: g[j%2] * float64(j+1)})
+		}
+	}
+	rep := &Report{Env: Env{Strategies: []string{"optimistic-nogate", "lua", "optimistic"}}, Runs: runs}
+	var b bytes.Buffer
+	require.NoError(t, rep.WriteMarkdown(&b))
+	md := b.String()
+	require.Contains(t, md, "Every cell ran 3 times")
+	require.Contains(t, md, "| scenario | loop | pause | limit | workers | procs | optimistic-nogate | lua | optimistic | optimistic-nogate/lua |\n",
+		"no lua+gate: optimistic has no ratio, lua is no like for it")
+	require.Contains(t, md, "| hot | closed | 5ms | 1 | 64 | 1 | 100 (90–130) | 500 (400–600) | 300 (270–390) | 0.20× |")
 }
 
 func TestCSVHasOneLinePerRun(t *testing.T) {
@@ -80,7 +108,61 @@ func TestCSVHasOneLinePerRun(t *testing.T) {
 		t.Fatalf("no column %s", name)
 		return -1
 	}
-	require.Equal(t, "lua", lines[2][col("strategy")])
+	require.Equal(t, "lua+gate", lines[2][col("strategy")])
+	require.Equal(t, "80", lines[2][col("ttg_p99_ms")])
+	require.Equal(t, "1ms", lines[2][col("pause")])
+	require.Equal(t, "1", lines[2][col("rep")])
 	require.Equal(t, "", lines[2][col("commands_per_grant")], "n/a is empty")
 	require.Equal(t, "3", lines[1][col("holder_violations")])
+	require.Equal(t, "", lines[1][col("wait")], "retrying callers")
+	require.Equal(t, "", lines[1][col("max_over_min_grants")], "no callers counted")
+}
+
+func TestFairnessOf(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		grants []int64
+		want   Fairness
+	}{
+		{"none", nil, Fairness{}},
+		{"even", []int64{4, 4}, Fairness{Callers: 2, Min: 4, Max: 4, MaxOverMin: ptr(1)}},
+		{"spread", []int64{2, 6, 3}, Fairness{Callers: 3, Min: 2, Max: 6, MaxOverMin: ptr(3)}},
+		{"starved", []int64{0, 5, 0}, Fairness{Callers: 3, Max: 5, Starved: 2}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			require.Equal(t, tc.want, FairnessOf(tc.grants))
+		})
+	}
+	require.Equal(t, "∞ (2 starved)", FormatMaxOverMin(FairnessOf([]int64{0, 5, 0})))
+	require.Equal(t, "3.00", FormatMaxOverMin(FairnessOf([]int64{2, 6, 3})))
+	require.Equal(t, "n/a", FormatMaxOverMin(FairnessOf(nil)))
+}
+
+// Waiting callers get their own rows, and a table beside the retrying
+// callers of the same workload, one row per pause; a strategy that could
+// not wait is named.
+func TestMarkdownRetryVsWait(t *testing.T) {
+	cell := Run{Scenario: "hot", Loop: "closed", Keys: 1, Limit: 1, Candidates: 1, Workers: 64, Procs: 1, Rep: 1, Strategy: "optimistic",
+		Counts: Counts{Grants: 100}}
+	retry1, retry5, wait := cell, cell, cell
+	retry1.Pause, retry1.GrantsPerSec, retry1.TimeToGrant.P99 = "1ms", 500, 600
+	retry1.RequestsPerGrant, retry1.Fairness = ptr(36), FairnessOf([]int64{3, 9})
+	retry5.Pause, retry5.GrantsPerSec, retry5.TimeToGrant.P99 = "5ms", 400, 900
+	retry5.RequestsPerGrant, retry5.Fairness = ptr(12), FairnessOf([]int64{0, 9})
+	wait.Pause, wait.Wait, wait.GrantsPerSec, wait.TimeToGrant.P99 = "0s", "10s", 520, 150
+	wait.RoundTripsPerGrant, wait.RequestsPerGrant, wait.Fairness = ptr(3), ptr(3.1), FairnessOf([]int64{8, 9})
+	rep := &Report{Env: Env{Strategies: []string{"optimistic", "lua"}}, Runs: []Run{retry1, retry5, wait}}
+	rep.Skip("lua", "waiting callers: the store cannot wait for a slot")
+	rep.Skip("lua", "waiting callers: the store cannot wait for a slot")
+	var b bytes.Buffer
+	require.NoError(t, rep.WriteMarkdown(&b))
+	md := b.String()
+	require.Contains(t, md, "**Skipped:** lua in 2 runs (waiting callers: the store cannot wait for a slot).")
+	require.Contains(t, md, "| hot | closed, wait 10s | – | 1 | 64 | 1 | 520 | – |", "a row of its own")
+	require.Contains(t, md, "## Retrying vs waiting callers")
+	require.Contains(t, md, "| optimistic | hot | 1 | 64 | 1 | 1ms | 10s | 600 / 150 | 4.00× | 500 / 520 | 1.04× | 36.00 / 3.10 | 3.00 / 1.12 |")
+	require.Contains(t, md, "| optimistic | hot | 1 | 64 | 1 | 5ms | 10s | 900 / 150 | 6.00× | 400 / 520 | 1.30× | 12.00 / 3.10 | ∞ / 1.12 |")
+	require.Contains(t, md, "| 3.00 | 3.10 | n/a |", "round trips, then requests per grant in every metric")
+	require.Contains(t, md, "| ∞ (1 starved) |")
+	require.NotContains(t, md, "| lua | hot |", "no row for a strategy that did not wait")
 }

@@ -124,3 +124,31 @@ func (m *memStore) Inspect(_ context.Context, ids ...string) ([]optimistic.KeyIn
 }
 
 func (m *memStore) Ping(context.Context) error { return nil }
+
+// waitStore is a memStore whose callers can wait for a slot: a release
+// wakes the next caller in line, as a Waiter's release in this process does.
+type waitStore struct {
+	*memStore
+	queue optimistic.Queue
+}
+
+var _ optimistic.Waiter = (*waitStore)(nil)
+
+func (w *waitStore) Allocate(ctx context.Context, req optimistic.AllocateRequest) (optimistic.Lease, optimistic.Stats, error) {
+	if req.Wait > 0 {
+		return optimistic.AllocateWaiting(ctx, w, req, w.memStore.Allocate)
+	}
+	return w.memStore.Allocate(ctx, req)
+}
+
+func (w *waitStore) Release(ctx context.Context, ref optimistic.LeaseRef) error {
+	err := w.memStore.Release(ctx, ref)
+	w.queue.Wake(ref.KeyID)
+	return err
+}
+
+func (w *waitStore) Await(_ context.Context, keyIDs []string) (*optimistic.Place, error) {
+	return w.queue.Join(keyIDs), nil
+}
+
+func (w *waitStore) Waiting() int { return w.queue.Len() }

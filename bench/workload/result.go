@@ -31,6 +31,18 @@ type Result struct {
 	// Latency has every Allocate call, from its intended start (its actual
 	// start in a closed loop) to its return; GrantLatency only the grants.
 	Latency, GrantLatency *Histogram
+	// TimeToGrant has every grant, from the start of the caller's first
+	// call for it to the return of the call that got it: in a closed loop
+	// the calls that found no slot and the pauses after them count too.
+	// (In an open loop each call is a request of its own, so it equals
+	// GrantLatency.) Callers still without a grant when the run ended are
+	// in it with their wait so far, a lower bound, so that starvation
+	// shows; Waiting counts them.
+	TimeToGrant *Histogram
+	Waiting     int64
+	// CallerGrants has each caller's grants, one entry per caller; a
+	// merged result lists the callers of every process.
+	CallerGrants []int64
 }
 
 // Merge adds o's counts and latencies into r.
@@ -48,6 +60,7 @@ func (r *Result) Merge(o *Result) {
 	r.Lost += o.Lost
 	r.ReleaseErrors += o.ReleaseErrors
 	r.Offered += o.Offered
+	r.Waiting += o.Waiting
 	r.Violations += o.Violations
 	r.MaxHolders = max(r.MaxHolders, o.MaxHolders)
 	if r.FirstViolation == "" {
@@ -59,6 +72,8 @@ func (r *Result) Merge(o *Result) {
 	r.Elapsed = max(r.Elapsed, o.Elapsed)
 	r.Latency = mergeHist(r.Latency, o.Latency)
 	r.GrantLatency = mergeHist(r.GrantLatency, o.GrantLatency)
+	r.TimeToGrant = mergeHist(r.TimeToGrant, o.TimeToGrant)
+	r.CallerGrants = append(r.CallerGrants, o.CallerGrants...)
 }
 
 func mergeHist(into, from *Histogram) *Histogram {

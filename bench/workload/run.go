@@ -14,6 +14,10 @@ import (
 	"github.com/credpool/credpool/optimistic"
 )
 
+// ErrCannotWait means a spec with waiting callers met a store that is not
+// an optimistic.Waiter.
+var ErrCannotWait = errors.New("workload: waiting callers need a store that waits (an optimistic.Waiter)")
+
 // releaseTimeout bounds one release, which runs even after ctx ends so that
 // no held slot is left behind.
 const releaseTimeout = 10 * time.Second
@@ -24,17 +28,21 @@ const releaseTimeout = 10 * time.Second
 // several processes running one workload share it (OpenHolders). seed makes
 // the callers' choices reproducible; give each process its own.
 //
-// Store failures do not end the run: they are counted, and the caller
-// pauses as after "no slot". Run fails only on an invalid spec.
+// Store failures do not end the run: they are counted, and a retrying
+// caller pauses as after "no slot". Run fails only on an invalid spec, or
+// with ErrCannotWait.
 func Run(ctx context.Context, store optimistic.LeaseStore, spec Spec, holders *Holders, seed uint64) (*Result, error) {
 	if err := spec.Validate(); err != nil {
 		return nil, err
+	}
+	if _, ok := store.(optimistic.Waiter); spec.Wait > 0 && !ok {
+		return nil, ErrCannotWait
 	}
 	r := &runner{
 		store:   store,
 		spec:    spec,
 		holders: holders,
-		res:     &Result{Latency: NewHistogram(), GrantLatency: NewHistogram()},
+		res:     &Result{Latency: NewHistogram(), GrantLatency: NewHistogram(), TimeToGrant: NewHistogram()},
 	}
 	if spec.Choice == Zipf {
 		r.zipf = NewZipfian(spec.Keys, ZipfTheta)
@@ -95,30 +103,52 @@ func (r *runner) claim(ctx context.Context) (time.Time, bool) {
 // caller is one simulated broker caller.
 func (r *runner) caller(ctx context.Context, p *picker, rng *rand.Rand) {
 	local := &Result{}
+	// first is when the caller's first call for its next grant started;
+	// zero until then.
+	var first time.Time
 	defer func() {
+		if !first.IsZero() {
+			// Still waiting: its wait so far counts, so a caller starved
+			// for the whole run shows.
+			local.Waiting++
+			r.unserved(time.Since(first))
+		}
+		local.CallerGrants = []int64{local.Grants}
 		r.mu.Lock()
 		r.res.Merge(local)
 		r.mu.Unlock()
 	}()
-	closed := r.spec.Rate == 0
+	closed, waiting := r.spec.Rate == 0, r.spec.Wait > 0
 	for {
 		intended, ok := r.claim(ctx)
 		if !ok {
 			return
 		}
+		if !closed || first.IsZero() {
+			first = intended
+		}
 		cands := p.candidates()
-		lease, st, err := r.store.Allocate(ctx, optimistic.AllocateRequest{
-			Provider: Provider, Pool: Pool, Candidates: cands, TTL: r.spec.TTL,
-		})
+		req := optimistic.AllocateRequest{Provider: Provider, Pool: Pool, Candidates: cands, TTL: r.spec.TTL}
+		if waiting {
+			// Never past the run's end, so that no caller outlives it.
+			if req.Wait = min(r.spec.Wait, time.Until(r.deadline)); req.Wait <= 0 {
+				return
+			}
+		}
+		lease, st, err := r.store.Allocate(ctx, req)
 		if err != nil && ctx.Err() != nil {
 			return // cut short by the caller of Run: not the store's doing
 		}
-		latency := time.Since(intended)
+		end := time.Now()
+		latency := end.Sub(intended)
 		local.Calls++
 		local.Attempts += int64(st.Attempts)
 		local.Conflicts += int64(st.Conflicts)
 		local.Pruned += int64(st.Pruned)
-		r.record(latency, err == nil)
+		r.record(latency, end.Sub(first), err == nil)
+		if err == nil || !closed {
+			first = time.Time{}
+		}
 		switch {
 		case err == nil:
 			local.Grants++
@@ -134,19 +164,30 @@ func (r *runner) caller(ctx context.Context, p *picker, rng *rand.Rand) {
 				local.FirstError = err.Error()
 			}
 		}
-		if closed && !Sleep(ctx, p.pause()) {
+		// A waiting caller waited in line already: it asks again at once.
+		if closed && !waiting && !Sleep(ctx, p.pause()) {
 			return
 		}
 	}
 }
 
-func (r *runner) record(latency time.Duration, granted bool) {
+// record adds one call's latency and, for a grant, its time to grant.
+func (r *runner) record(latency, toGrant time.Duration, granted bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.res.Latency.Record(latency)
 	if granted {
 		r.res.GrantLatency.Record(latency)
+		r.res.TimeToGrant.Record(toGrant)
 	}
+}
+
+// unserved adds the wait of a caller that the end of the run left without
+// a grant.
+func (r *runner) unserved(wait time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.res.TimeToGrant.Record(wait)
 }
 
 // hold uses a granted slot under the audit, then releases it, or crashes:

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/credpool/credpool/optimistic"
 )
 
 // spec is a small valid workload: one key of limit 2, closed loop.
@@ -18,7 +20,7 @@ func spec() Spec {
 }
 
 // run syncs s's keys into store and runs s with a fresh audit.
-func run(t *testing.T, store *memStore, s Spec) *Result {
+func run(t *testing.T, store optimistic.LeaseStore, s Spec) *Result {
 	t.Helper()
 	ctx := context.Background()
 	for i := range s.Keys {
@@ -41,6 +43,7 @@ func TestRunClosedLoopStopsAfterOps(t *testing.T) {
 	require.LessOrEqual(t, res.MaxHolders, int64(2))
 	require.Equal(t, res.Calls, res.Latency.h.TotalCount())
 	require.Equal(t, res.Grants, res.GrantLatency.h.TotalCount())
+	require.Equal(t, res.Grants+res.Waiting, res.TimeToGrant.h.TotalCount())
 	infos, err := store.Inspect(context.Background(), "k0")
 	require.NoError(t, err)
 	require.Zero(t, infos[0].Live, "every grant was released")
@@ -74,6 +77,25 @@ func TestRunOpenLoopLatencyFromIntendedStart(t *testing.T) {
 	closed.Workers, closed.Ops = 1, 20
 	res = run(t, store, closed)
 	require.Less(t, res.Latency.Max(), 80*time.Millisecond, "a closed loop times each call alone")
+}
+
+// Time to grant spans a caller's calls that found no slot and the pauses
+// after them: two callers share one slot held 20ms at a time, so whoever
+// comes second waits at least that long (for its grant, or until the run
+// ends), however quick each call is.
+func TestRunTimeToGrantCountsRetries(t *testing.T) {
+	s := spec()
+	s.Limit, s.Workers, s.Hold, s.Pause, s.Duration = 1, 2, 20*time.Millisecond, time.Millisecond, 200*time.Millisecond
+	res := run(t, newMemStore(), s)
+	require.Positive(t, res.NoSlot)
+	require.Equal(t, res.Grants+res.Waiting, res.TimeToGrant.h.TotalCount(), "one per grant, one per caller left waiting")
+	require.GreaterOrEqual(t, res.TimeToGrant.Max(), 20*time.Millisecond)
+	require.Greater(t, res.TimeToGrant.Max(), res.GrantLatency.Max(), "no single call waited for the slot")
+
+	s.Rate, s.Pause = 500, 0
+	res = run(t, newMemStore(), s)
+	require.Zero(t, res.Waiting)
+	require.Equal(t, res.GrantLatency.Summary(), res.TimeToGrant.Summary(), "open loop: every call is a request of its own")
 }
 
 func TestRunCrashedHoldersLeaveLeases(t *testing.T) {
@@ -146,6 +168,8 @@ func TestSpecValidate(t *testing.T) {
 		{"unknown order", func(s *Spec) { s.Order = "sorted" }, false},
 		{"unknown hold distribution", func(s *Spec) { s.HoldDist = "normal" }, false},
 		{"negative rate", func(s *Spec) { s.Rate = -1 }, false},
+		{"negative wait", func(s *Spec) { s.Wait = -time.Second }, false},
+		{"waiting in an open loop", func(s *Spec) { s.Wait, s.Rate = time.Second, 100 }, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := spec()
@@ -160,4 +184,41 @@ func TestSpecValidate(t *testing.T) {
 			require.Error(t, err, "Run refuses it too")
 		})
 	}
+}
+
+// Waiting callers queue for the one slot instead of pausing: they take
+// "no slot" only when the run ends, a wait longer than the run does not
+// hold it up, every caller is served, and each has its own grant count.
+func TestRunWaitingCallers(t *testing.T) {
+	s := spec()
+	s.Limit, s.Workers, s.Hold, s.Duration, s.Wait = 1, 4, 2*time.Millisecond, 300*time.Millisecond, time.Minute
+	start := time.Now()
+	res := run(t, &waitStore{memStore: newMemStore()}, s)
+	require.Less(t, time.Since(start), s.Duration+time.Second, "the run's end bounds every wait")
+	require.Zero(t, res.Violations)
+	require.Zero(t, res.Errors)
+	require.LessOrEqual(t, res.NoSlot, int64(s.Workers), "at most one \"no slot\" per caller, at the end")
+	require.Len(t, res.CallerGrants, s.Workers)
+	var sum int64
+	for i, n := range res.CallerGrants {
+		require.Positive(t, n, "caller %d", i)
+		sum += n
+	}
+	require.Equal(t, res.Grants, sum)
+}
+
+func TestRunWaitingNeedsAWaiter(t *testing.T) {
+	s := spec()
+	s.Wait = time.Second
+	_, err := Run(context.Background(), newMemStore(), s, NewHolders(1, 2), 1)
+	require.ErrorIs(t, err, ErrCannotWait)
+}
+
+// Each process's callers keep their own entries when results merge.
+func TestResultMergeKeepsEveryCaller(t *testing.T) {
+	r := &Result{}
+	r.Merge(&Result{Grants: 5, CallerGrants: []int64{2, 3}})
+	r.Merge(&Result{Grants: 4, CallerGrants: []int64{4, 0}})
+	require.Equal(t, []int64{2, 3, 4, 0}, r.CallerGrants)
+	require.Equal(t, int64(9), r.Grants)
 }

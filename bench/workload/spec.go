@@ -93,6 +93,12 @@ type Spec struct {
 	// a give-up or an error before it asks again, as a client honouring a
 	// 429 would.
 	Pause time.Duration
+	// Wait, when positive, makes the callers of a closed loop wait in line
+	// for a slot (AllocateRequest.Wait) up to this long per call, never
+	// past the end of the run, instead of taking "no slot" at once: they
+	// never pause (Pause is unused), and the store must be an
+	// optimistic.Waiter. Zero is retrying callers.
+	Wait time.Duration
 }
 
 // Validate returns an error naming the first field out of range.
@@ -118,6 +124,10 @@ func (s Spec) Validate() error {
 		return errors.New("workload: ttl must be at least 1ms")
 	case s.Pause < 0:
 		return errors.New("workload: pause must not be negative")
+	case s.Wait < 0:
+		return errors.New("workload: wait must not be negative")
+	case s.Wait > 0 && s.Rate > 0:
+		return errors.New("workload: waiting callers need a closed loop (rate 0)")
 	}
 	switch s.Choice {
 	case Uniform, Zipf, Hot:

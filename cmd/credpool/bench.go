@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -14,6 +15,21 @@ import (
 
 	"github.com/credpool/credpool/bench"
 	"github.com/credpool/credpool/bench/workload"
+)
+
+// The standard suite's defaults for -strategies and -reps: the Redis
+// stores with and without the per-key gate, three runs of each cell.
+// Callers retry; a waiting caller's call waits up to defaultWait.
+const (
+	defaultStrategies = "optimistic,optimistic-nogate,lua,lua+gate"
+	defaultReps       = 3
+	defaultWait       = 10 * time.Second
+)
+
+// The -callers values.
+const (
+	retryCallers = "retry"
+	waitCallers  = "wait"
 )
 
 // benchArgs is a parsed "credpool bench" command line: the standard
@@ -59,7 +75,7 @@ func runBench(args []string) error {
 		cfg.Worker = []string{exe, "bench", "-worker"}
 		cfg.Args = os.Args
 		cfg.Stdout, cfg.Progress = os.Stdout, os.Stderr
-		runs = len(cfg.Cells) * len(cfg.Strategies)
+		runs = len(cfg.Cells) * len(cfg.Strategies) * cfg.Reps
 		_, err = bench.Run(ctx, cfg)
 	}
 	fmt.Fprintf(os.Stderr, "credpool bench: %d runs in %s\n", runs, time.Since(start).Round(time.Second))
@@ -70,13 +86,16 @@ func runBench(args []string) error {
 func parseBench(args []string) (benchArgs, error) {
 	std := bench.Standard()
 	var (
-		strategies, scenarios, workers, limits, procs, rates, holdDist string
-		b                                                              benchArgs
-		cfg                                                            = &b.suite
-		grid                                                           = std
+		strategies, scenarios, workers, limits, procs, rates, holdDist, pauses, callers string
+		reps                                                                            int
+		wait                                                                            time.Duration
+		b                                                                               benchArgs
+		cfg                                                                             = &b.suite
+		grid                                                                            = std
 	)
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
-	fs.StringVar(&strategies, "strategies", "optimistic,lua", "lease stores to compare: optimistic, lua, sqlite (-service: "+serviceStrategies+")")
+	fs.StringVar(&strategies, "strategies", defaultStrategies, "lease stores to compare: "+strings.Join(strategyNames(), ", ")+
+		"; the -nogate and +gate ones measure the per-key gate (-service: "+serviceStrategies+")")
 	fs.StringVar(&cfg.RedisURL, "redis", "", "Redis URL for the Redis strategies; empty starts a throwaway redis-server on loopback")
 	fs.BoolVar(&cfg.RedisCluster, "redis-cluster", false, "treat -redis as a Redis Cluster URL (redis://host:port?addr=host2:port2); with no -redis, start a one-node cluster on loopback")
 	fs.BoolVar(&cfg.AllowRemote, "allow-remote", false, "allow a --redis server that is not on loopback (the harness loads it hard)")
@@ -95,9 +114,12 @@ func parseBench(args []string) (benchArgs, error) {
 	fs.Int64Var(&grid.Ops, "ops", 0, "allocations per run over all processes (0: until -duration)")
 	fs.Float64Var(&grid.CrashShare, "crash", 0, "share of grants never released (left to expire)")
 	fs.DurationVar(&grid.TTL, "ttl", std.TTL, "lease length; far longer than any hold (-service: whole seconds)")
-	fs.DurationVar(&grid.Pause, "pause", std.Pause, "closed loop: pause (±50%) after no slot, a give-up or an error")
+	fs.StringVar(&pauses, "pause", joinDurations(std.Pauses), "closed loop: pauses (±50%) after no slot, a give-up or an error, each its own cells (-service: one, default "+std.Pauses[0].String()+")")
+	fs.StringVar(&callers, "callers", retryCallers, "closed loop: what callers do after no slot, each its own cells: retry (pause, see -pause) "+
+		"or wait (wait in line for a slot up to -wait, never past the run's end; stores that cannot wait skip these cells)")
+	fs.DurationVar(&wait, "wait", defaultWait, "-callers wait: how long one call may wait for a slot")
 	fs.BoolVar(&b.service, "service", false, "benchmark credpool serve over HTTP against its lease store alone, on SQLite and on Redis")
-	fs.IntVar(&b.svc.Reps, "reps", serviceReps, "-service: repetitions of each cell, alternating which runs first")
+	fs.IntVar(&reps, "reps", defaultReps, "repetitions of each cell, alternating the strategies' order; tables show the median and range")
 	fs.StringVar(&b.svc.Catalog, "catalog", bench.CatalogSQLite, "-service: the catalog of credpool serve: sqlite (a file) or postgres (a throwaway PostgreSQL server on loopback; needs -strategies optimistic)")
 	fs.Func("instances", "-service: credpool serve processes sharing the catalog and Redis, each count measured in the same repetitions, e.g. 1,3 (default 1)", func(v string) (err error) {
 		b.svc.Instances, err = parseInts("instances", v)
@@ -115,20 +137,37 @@ func parseBench(args []string) (benchArgs, error) {
 	if b.worker {
 		return b, nil
 	}
+	ps, err := parseDurations("pause", pauses)
+	if err != nil {
+		return b, err
+	}
 	if b.service {
+		if set["callers"] || set["wait"] {
+			return b, errors.New("bench: -callers and -wait do not apply to -service")
+		}
+		if !set["pause"] {
+			ps = std.Pauses[:1]
+		}
+		if len(ps) != 1 {
+			return b, errors.New("bench: -service takes one -pause")
+		}
+		b.svc.Reps = reps
 		err := parseService(&b.svc, set, serviceFlags{
 			strategies: strategies, workers: workers, limits: limits, procs: procs, rates: rates,
-			keys: grid.Keys, duration: grid.Duration, ttl: grid.TTL, pause: grid.Pause, suite: *cfg,
+			keys: grid.Keys, duration: grid.Duration, ttl: grid.TTL, pause: ps[0], suite: *cfg,
 		})
 		return b, err
 	}
-	for _, name := range []string{"reps", "catalog", "instances"} {
+	for _, name := range []string{"catalog", "instances"} {
 		if set[name] {
 			return b, fmt.Errorf("bench: -%s needs -service", name)
 		}
 	}
 
-	var err error
+	if reps < 1 {
+		return b, errors.New("bench: -reps must be at least 1")
+	}
+	cfg.Reps, grid.Pauses = reps, ps
 	if cfg.Strategies, err = bench.Select(bench.Strategies(), strategies); err != nil {
 		return b, err
 	}
@@ -146,8 +185,37 @@ func parseBench(args []string) (benchArgs, error) {
 	if grid.Rates, err = parseFloats("rates", rates); err != nil {
 		return b, err
 	}
+	if grid.Waits, err = parseCallers(callers, wait); err != nil {
+		return b, err
+	}
 	cfg.Cells, err = grid.Cells()
 	return b, err
+}
+
+// parseCallers turns -callers into the grid's waits: 0 for retry, wait
+// for wait.
+func parseCallers(s string, wait time.Duration) ([]time.Duration, error) {
+	var waits []time.Duration
+	for _, v := range splitList(s) {
+		switch v {
+		case retryCallers:
+			waits = append(waits, 0)
+		case waitCallers:
+			if wait <= 0 {
+				return nil, errors.New("bench: -wait must be positive")
+			}
+			waits = append(waits, wait)
+		default:
+			return nil, fmt.Errorf("bench: -callers: %q is neither %s nor %s", v, retryCallers, waitCallers)
+		}
+		if slices.Index(waits, waits[len(waits)-1]) < len(waits)-1 {
+			return nil, fmt.Errorf("bench: -callers: %s listed twice", v)
+		}
+	}
+	if len(waits) == 0 {
+		return nil, errors.New("bench: -callers names none")
+	}
+	return waits, nil
 }
 
 func splitList(s string) []string {
@@ -182,6 +250,34 @@ func parseFloats(name, s string) ([]float64, error) {
 		out = append(out, f)
 	}
 	return out, nil
+}
+
+func parseDurations(name, s string) ([]time.Duration, error) {
+	var out []time.Duration
+	for _, v := range splitList(s) {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			return nil, fmt.Errorf("bench: -%s: %q is not a duration", name, v)
+		}
+		out = append(out, d)
+	}
+	return out, nil
+}
+
+func joinDurations(ds []time.Duration) string {
+	s := make([]string, len(ds))
+	for i, d := range ds {
+		s[i] = d.String()
+	}
+	return strings.Join(s, ",")
+}
+
+func strategyNames() []string {
+	var names []string
+	for _, s := range bench.Strategies() {
+		names = append(names, s.Name)
+	}
+	return names
 }
 
 func joinInts(ns []int) string {

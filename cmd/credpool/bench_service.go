@@ -16,7 +16,6 @@ const (
 	serviceLimits     = "5"
 	serviceKeys       = 20
 	serviceDuration   = 3 * time.Second
-	serviceReps       = 3
 )
 
 // servicePostgresStrategies are -service's default lease stores with

@@ -186,6 +186,15 @@ func (b *Broker) Close(ctx context.Context) { b.backlog.close(ctx) }
 // in the background.
 func (b *Broker) Backlog() Backlog { return b.backlog.stats() }
 
+// Waiting reports how many allocate requests wait in line for a slot (0
+// if the store cannot wait).
+func (b *Broker) Waiting() int {
+	if w, ok := b.store.(optimistic.Waiter); ok {
+		return w.Waiting()
+	}
+	return 0
+}
+
 // Request asks for one credential.
 type Request struct {
 	Provider string
@@ -198,6 +207,11 @@ type Request struct {
 	// TTL), not a second slot; with another pool or model it is
 	// requestlog.ErrReused.
 	RequestID string
+	// Wait, when positive, is how long to wait for a slot when every pool
+	// is full, in line with this process's other waiting callers (see
+	// allocate); ctx bounds it too. The store must be an
+	// optimistic.Waiter.
+	Wait time.Duration
 }
 
 // Grant is a leased credential.
@@ -254,7 +268,7 @@ func (b *Broker) allocateOnce(ctx context.Context, req Request, model string) (G
 	// differ, since a replay renews to it.
 	fingerprint := req.Pool + "|" + model
 	token := uuid.NewString()
-	window := claimWindow
+	window := claimWindow + req.Wait
 	if dl, ok := ctx.Deadline(); ok {
 		window = time.Until(dl) + claimMargin
 	}
@@ -303,8 +317,70 @@ func (b *Broker) forget(ctx context.Context, id, token string) {
 	}
 }
 
-// allocate runs the broker flow over the pools in fallback order.
+// awaitKeys bounds the keys a waiting request listens on: a pool of
+// thousands of keys is seldom full, and its other keys are seen at the
+// next poll (optimistic.WaitPoll).
+const awaitKeys = 64
+
+// allocate runs the broker flow over the pools in fallback order, and with
+// req.Wait runs it again each time a slot may have freed up on a key of
+// those pools that serves the model, until it grants or the wait ends, so
+// that a waiting request may be served by a fallback pool too.
 func (b *Broker) allocate(ctx context.Context, req Request, model string) (Grant, error) {
+	if req.Wait <= 0 {
+		return b.allocatePools(ctx, req, model)
+	}
+	w, ok := b.store.(optimistic.Waiter)
+	if !ok {
+		return Grant{}, fmt.Errorf("%w: wait: this lease store cannot wait for a slot", optimistic.ErrInvalid)
+	}
+	until := time.Now().Add(req.Wait)
+	keys, err := b.servingKeys(ctx, req, model)
+	if err != nil {
+		return Grant{}, err
+	}
+	p, err := w.Await(ctx, keys)
+	if err != nil {
+		return Grant{}, err
+	}
+	defer p.Leave()
+	var g Grant
+	var st optimistic.Stats
+	err = p.Retry(ctx, until, func(ctx context.Context) error {
+		var err error
+		g, err = b.allocatePools(ctx, req, model)
+		st.Add(g.Stats)
+		return err
+	})
+	st.Waited = p.Waited()
+	g.Stats = st
+	return g, err
+}
+
+// servingKeys returns the ids of up to awaitKeys keys of req's pools, in
+// fallback order, that serve model.
+func (b *Broker) servingKeys(ctx context.Context, req Request, model string) ([]string, error) {
+	var out []string
+	for _, pool := range b.pools.Sequence(req.Pool) {
+		keys, err := b.catalog.List(ctx, req.Provider, pool)
+		if err != nil {
+			return nil, catalogErr(ctx, "list keys", err)
+		}
+		for _, k := range keys {
+			if len(out) == awaitKeys {
+				return out, nil
+			}
+			if k.Supports(model) {
+				out = append(out, k.ID)
+			}
+		}
+	}
+	return out, nil
+}
+
+// allocatePools is one pass of the broker flow over the pools in fallback
+// order.
+func (b *Broker) allocatePools(ctx context.Context, req Request, model string) (Grant, error) {
 	var (
 		g         = Grant{Model: model}
 		anyKey    bool
@@ -387,6 +463,9 @@ func (b *Broker) validate(req Request) error {
 	}
 	if err := catalog.CheckModel("model", req.Model); err != nil {
 		return err
+	}
+	if req.Wait < 0 {
+		return fmt.Errorf("%w: wait %v: want zero (do not wait) or more", optimistic.ErrInvalid, req.Wait)
 	}
 	if req.RequestID != "" && !optimistic.ValidID(req.RequestID) {
 		return fmt.Errorf("%w: request_id: want 1-128 characters of [A-Za-z0-9._-]", optimistic.ErrInvalid)

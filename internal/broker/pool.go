@@ -99,10 +99,7 @@ func (p *poolRun) allocate(ctx context.Context, cands []catalog.Key) error {
 		lease, st, err := p.store.Allocate(ctx, optimistic.AllocateRequest{
 			Provider: p.req.Provider, Pool: p.pool, Candidates: order, TTL: p.req.TTL,
 		})
-		p.grant.Stats.Attempts += st.Attempts
-		p.grant.Stats.Conflicts += st.Conflicts
-		p.grant.Stats.Pruned += st.Pruned
-		p.grant.Stats.Unreachable += st.Unreachable
+		p.grant.Stats.Add(st)
 		// Full, or full but for keys on a server that is down: repair what
 		// answers.
 		if (errors.Is(err, optimistic.ErrNoCapacity) || errors.Is(err, optimistic.ErrUnreachable)) && !retried {

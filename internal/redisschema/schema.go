@@ -35,6 +35,21 @@ func (s Schema) Key(keyID string) string { return s.Prefix + ":key:{" + keyID + 
 // Leases is the ZSET of the key's leases, scored by expiry in ms.
 func (s Schema) Leases(keyID string) string { return s.Key(keyID) + ":leases" }
 
+// Free is the sharded pub/sub channel told when a slot of the key may have
+// freed up (a release, say); it hashes to the key's slot, so a notice can
+// ride in the same MULTI on Redis Cluster.
+func (s Schema) Free(keyID string) string { return s.Key(keyID) + ":free" }
+
+// FreeKeyID returns the key id of a Free channel name.
+func FreeKeyID(channel string) (string, bool) {
+	_, rest, ok := strings.Cut(channel, "{")
+	if !ok {
+		return "", false
+	}
+	id, _, ok := strings.Cut(rest, "}")
+	return id, ok
+}
+
 // Lease is the HASH recording a lease, named after its Member.
 func (s Schema) Lease(keyID, member string) string {
 	return s.Key(keyID) + ":lease:" + member

@@ -32,6 +32,10 @@ ON CONFLICT (id) DO UPDATE SET
 			toMillis(k.LastUsedAt), k.Score)
 		return err
 	})
+	if err == nil {
+		// A limit raised or a key made usable frees slots.
+		s.queue.Wake(k.ID)
+	}
 	return sqlitex.Classify(ctx, "sync key", err)
 }
 
@@ -70,6 +74,9 @@ func (s *Store) ClearLeases(ctx context.Context, keyID string) (int, error) {
 	})
 	if err != nil {
 		return 0, sqlitex.Classify(ctx, "clear leases", err)
+	}
+	for range n {
+		s.queue.Wake(keyID)
 	}
 	return int(n), nil
 }

@@ -23,10 +23,20 @@ import (
 // fencing counter. On error nothing is written. Stats.Attempts
 // counts transactions tried, Stats.Conflicts those retried because the file
 // was busy.
+//
+// With req.Wait, a call that finds no free slot waits in line (see Await).
 func (s *Store) Allocate(ctx context.Context, req optimistic.AllocateRequest) (optimistic.Lease, optimistic.Stats, error) {
 	if err := req.Validate(); err != nil {
 		return optimistic.Lease{}, optimistic.Stats{}, err
 	}
+	if req.Wait > 0 {
+		return optimistic.AllocateWaiting(ctx, s, req, s.allocate)
+	}
+	return s.allocate(ctx, req)
+}
+
+// allocate is one Allocate call without waiting: req is valid.
+func (s *Store) allocate(ctx context.Context, req optimistic.AllocateRequest) (optimistic.Lease, optimistic.Stats, error) {
 	leaseID := uuid.NewString()
 	var c claimed
 	st, err := s.do(ctx, false, func(tx *sql.Tx, now int64) (err error) {

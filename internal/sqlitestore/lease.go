@@ -26,6 +26,9 @@ func (s *Store) Release(ctx context.Context, ref optimistic.LeaseRef) error {
 		_, err := s.on(ctx, tx, qDeleteLease).ExecContext(ctx, ref.LeaseID)
 		return err
 	})
+	if err == nil {
+		s.queue.Wake(ref.KeyID)
+	}
 	return sqlitex.Classify(ctx, "release", err)
 }
 

@@ -11,7 +11,7 @@ import (
 	"github.com/credpool/credpool/optimistic"
 )
 
-var _ optimistic.LeaseStore = (*Store)(nil)
+var _ optimistic.Waiter = (*Store)(nil)
 
 // Options configure a Store. A nil *Options means all defaults.
 type Options struct {
@@ -31,6 +31,7 @@ type Store struct {
 	db     *sqlitex.DB
 	policy retry.Policy
 	stmts  statements
+	queue  optimistic.Queue
 }
 
 // New returns a Store over db, which must use the modernc.org/sqlite driver
@@ -63,6 +64,21 @@ func New(ctx context.Context, db *sqlitex.DB, opts *Options) (*Store, error) {
 // Close releases the store's prepared statements; closing db releases them
 // too. It leaves db open. Calls made after Close fail with ErrStore.
 func (s *Store) Close() error { return s.stmts.close() }
+
+// Await joins this process's line of callers waiting for a slot on
+// keyIDs (see optimistic.Waiter). A release, clear-out or sync through
+// this Store wakes the next caller at once; one made by another process
+// sharing the file is seen at the next poll (optimistic.WaitPoll), or
+// at FreeAt.
+func (s *Store) Await(_ context.Context, keyIDs []string) (*optimistic.Place, error) {
+	if err := optimistic.CheckKeyIDs(keyIDs...); err != nil {
+		return nil, err
+	}
+	return s.queue.Join(keyIDs), nil
+}
+
+// Waiting is the number of callers of this Store waiting for a slot.
+func (s *Store) Waiting() int { return s.queue.Len() }
 
 // Ping checks that the file answers and holds the store's tables.
 func (s *Store) Ping(ctx context.Context) error {

@@ -172,6 +172,8 @@ var cases = []struct {
 	{"LastUsedAtIsTheLastGrant", lastUsed},
 	{"InvalidInputRejectedBeforeStore", invalidInput},
 	{"CancelledContext", cancelled},
+	{"WaitingCallerGetsTheFreedSlot", waits},
+	{"WaitEndsFullOrCancelled", waitEnds},
 	{"StoreDownIsNotNoCapacity", storeDown},
 }
 

@@ -1,0 +1,107 @@
+package optimistic
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+)
+
+// A lost race holds the key off for 1 to holdOffSpan times the attempt's
+// duration; losing again as soon as the hold-off ended doubles the range,
+// up to holdOffDoublings times; a grant, or a long quiet spell, starts
+// over.
+func TestHoldOffs(t *testing.T) {
+	const took = 2 * time.Millisecond
+	var h notes
+	require.True(t, h.until("k").IsZero(), "none yet")
+	for losses := range holdOffDoublings + 2 {
+		start := time.Now()
+		h.hold("k", took)
+		scale := time.Duration(1) << min(losses, holdOffDoublings)
+		d := h.until("k").Sub(start)
+		require.GreaterOrEqual(t, d, took*scale, "loss %d", losses+1)
+		require.Less(t, d, took*holdOffSpan*scale+time.Millisecond, "loss %d", losses+1)
+		require.Equal(t, losses+1, h.m["k"].losses)
+		// The hold-off just ended: the process comes back and loses again.
+		h.m["k"] = note{until: time.Now(), losses: h.m["k"].losses}
+	}
+	h.won("k")
+	require.True(t, h.until("k").IsZero(), "a grant ends it")
+	h.hold("k", took)
+	require.Equal(t, 1, h.m["k"].losses, "a grant starts over")
+	h.m["k"] = note{until: time.Now().Add(-holdOffSpan * took * 2), losses: 3}
+	require.True(t, h.until("k").IsZero(), "over")
+	h.hold("k", took)
+	require.Equal(t, 1, h.m["k"].losses, "lost long after the last hold-off: starts over")
+}
+
+// Keys held off long ago are dropped once many are noted.
+func TestHoldOffsSweep(t *testing.T) {
+	var h notes
+	for i := range notesSweep {
+		h.hold(fmt.Sprint("k", i), time.Nanosecond)
+	}
+	time.Sleep(skipFor + time.Millisecond)
+	h.hold("last", time.Nanosecond)
+	require.Len(t, h.m, 1, "only the last one is left")
+}
+
+// A process that lost a race on a key reads it again only once its
+// hold-off ended (at least as long as the lost attempt took), and the
+// grant it then makes ends the hold-off.
+func TestLostRaceHoldsKeyOff(t *testing.T) {
+	s, other, req := narrowStore(t, 2)
+	rival, err := New(other, nil)
+	require.NoError(t, err)
+	var (
+		reads []time.Time
+		execs []time.Time
+	)
+	s.rdb.AddHook(timeline{reads: &reads, execs: &execs, afterRead: func() {
+		if len(reads) == 1 {
+			_, _, err := rival.Allocate(context.Background(), req)
+			require.NoError(t, err)
+		}
+	}})
+	_, st, err := s.Allocate(t.Context(), req)
+	require.NoError(t, err)
+	require.Equal(t, 1, st.Conflicts)
+	require.Len(t, reads, 2)
+	require.Len(t, execs, 2)
+	took := execs[0].Sub(reads[0])
+	require.GreaterOrEqual(t, reads[1].Sub(execs[0]), took, "read again before the hold-off ended")
+	require.True(t, s.notes.until("k").IsZero(), "the grant ended the hold-off")
+}
+
+// timeline is a go-redis hook that notes when each pipeline that reads
+// under WATCH starts (calling afterRead once it ran) and when each
+// MULTI..EXEC ends.
+type timeline struct {
+	reads, execs *[]time.Time
+	afterRead    func()
+}
+
+func (timeline) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (timeline) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h timeline) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		start := time.Now()
+		err := next(ctx, cmds)
+		for _, c := range cmds {
+			switch c.Name() {
+			case "watch":
+				*h.reads = append(*h.reads, start)
+				h.afterRead()
+				return err
+			case "exec":
+				*h.execs = append(*h.execs, time.Now())
+				return err
+			}
+		}
+		return err
+	}
+}

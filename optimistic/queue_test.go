@@ -1,0 +1,119 @@
+package optimistic
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// woken reports whether p holds a wake-up, taking it.
+func woken(p *Place) bool {
+	select {
+	case <-p.wake:
+		return true
+	default:
+		return false
+	}
+}
+
+func TestQueueWakesInArrivalOrder(t *testing.T) {
+	var q Queue
+	a, b, c := q.Join([]string{"k"}), q.Join([]string{"k", "j"}), q.Join([]string{"j"})
+	require.Equal(t, 3, q.Len())
+	require.False(t, c.Behind(), "b is still trying: c may try too")
+	a.park(true)
+	b.park(true)
+	require.False(t, a.Behind())
+	require.False(t, b.Behind(), "nobody waited on j before b")
+	require.True(t, c.Behind(), "b waits on j before c")
+	require.False(t, q.Join(nil).Behind(), "no keys, nobody to wait for")
+
+	q.Wake("k")
+	q.Wake("k")
+	q.Wake("k") // nobody left without a wake-up on k: dropped
+	require.True(t, woken(a))
+	require.True(t, woken(b))
+	require.False(t, woken(c), "c does not wait on k")
+
+	q.Wake("j")
+	require.True(t, woken(b), "b is first on j")
+	require.False(t, woken(c))
+	require.True(t, q.Join([]string{"k", "j"}).Behind(), "others wait on both its keys")
+}
+
+func TestQueueLeavePassesWakeOn(t *testing.T) {
+	var q Queue
+	a, b := q.Join([]string{"k"}), q.Join([]string{"k"})
+	q.Wake("k")
+	a.Leave() // woken but gone (granted elsewhere, timed out): b gets it
+	a.Leave()
+	require.True(t, woken(b))
+	require.False(t, b.Behind())
+	b.Leave()
+	require.Zero(t, q.Len())
+	require.Empty(t, q.lines, "an empty line leaves nothing behind")
+}
+
+func TestPlaceRetry(t *testing.T) {
+	var q Queue
+	ctx := t.Context()
+	t.Run("tries until granted", func(t *testing.T) {
+		p := q.Join([]string{"k"})
+		defer p.Leave()
+		tries := 0
+		err := p.Retry(ctx, time.Now().Add(time.Minute), func(context.Context) error {
+			if tries++; tries < 3 {
+				q.Wake("k") // a slot freed while trying
+				return &CapacityError{}
+			}
+			return nil
+		})
+		require.NoError(t, err)
+		require.Equal(t, 3, tries)
+	})
+	t.Run("full when the wait ends", func(t *testing.T) {
+		p := q.Join([]string{"k"})
+		defer p.Leave()
+		err := p.Retry(ctx, time.Now().Add(10*time.Millisecond), func(context.Context) error {
+			return &CapacityError{}
+		})
+		require.ErrorIs(t, err, ErrNoCapacity)
+	})
+	t.Run("other errors end it", func(t *testing.T) {
+		p := q.Join([]string{"k"})
+		defer p.Leave()
+		err := p.Retry(ctx, time.Now().Add(time.Minute), func(context.Context) error { return ErrStore })
+		require.ErrorIs(t, err, ErrStore)
+	})
+	t.Run("cancelled while waiting", func(t *testing.T) {
+		p := q.Join([]string{"k"})
+		defer p.Leave()
+		cctx, cancel := context.WithCancel(ctx)
+		tries := 0
+		err := p.Retry(cctx, time.Now().Add(time.Minute), func(context.Context) error {
+			tries++
+			cancel()
+			return &CapacityError{}
+		})
+		require.ErrorIs(t, err, context.Canceled)
+		require.Equal(t, 1, tries, "no try after ctx ended")
+	})
+	t.Run("behind waits for its turn", func(t *testing.T) {
+		first := q.Join([]string{"k"})
+		defer first.Leave()
+		first.park(true) // it found k full
+		p := q.Join([]string{"k"})
+		defer p.Leave()
+		until := time.Now().Add(20 * time.Millisecond)
+		var triedAt time.Time
+		err := p.Retry(ctx, until, func(context.Context) error {
+			triedAt = time.Now()
+			return nil
+		})
+		require.NoError(t, err)
+		require.False(t, triedAt.Before(until), "tried before its turn: nobody woke it and the wait had not ended")
+		require.Positive(t, p.Waited())
+	})
+}

@@ -1,0 +1,39 @@
+package optimistic
+
+import (
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/credpool/credpool/test/redistest"
+)
+
+// Release reads EXEC's raw replies, which RESP2 and RESP3 spell apart
+// (a score is a string or a double): both protocols tell a live lease
+// from an expired one.
+func TestReleaseOnBothProtocols(t *testing.T) {
+	srv := redistest.Start(t)
+	for _, proto := range []int{2, 3} {
+		rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, Protocol: proto})
+		t.Cleanup(func() { _ = rdb.Close() })
+		s, err := New(rdb, &Options{Prefix: "p" + string(rune('0'+proto))})
+		require.NoError(t, err)
+		ctx := t.Context()
+		require.NoError(t, s.SyncKey(ctx, KeyState{ID: "k", Provider: "openai", Pool: "default", Status: StatusAvailable, MaxConcurrentUses: 2}))
+		req := AllocateRequest{Provider: "openai", Pool: "default", Candidates: []string{"k"}, TTL: time.Minute}
+		live, _, err := s.Allocate(ctx, req)
+		require.NoError(t, err)
+		require.NoError(t, s.Release(ctx, live.LeaseRef), "RESP%d", proto)
+
+		req.TTL = time.Millisecond
+		short, _, err := s.Allocate(ctx, req)
+		require.NoError(t, err)
+		time.Sleep(5 * time.Millisecond)
+		err = s.Release(ctx, short.LeaseRef)
+		require.ErrorIs(t, err, ErrLeaseLost)
+		require.ErrorContains(t, err, short.LeaseID+" expired", "RESP%d: told from an unknown lease by its score", proto)
+		require.ErrorIs(t, s.Release(ctx, live.LeaseRef), ErrLeaseLost, "RESP%d: released twice", proto)
+	}
+}

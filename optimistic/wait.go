@@ -1,0 +1,203 @@
+package optimistic
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	rs "github.com/credpool/credpool/internal/redisschema"
+)
+
+var _ Waiter = (*Store)(nil)
+
+// subscribeTimeout bounds how long Await waits for Redis to confirm a
+// subscription; past it the caller waits anyway, on WaitPoll and FreeAt.
+const subscribeTimeout = time.Second
+
+// Await joins this process's line of callers waiting for a slot on keyIDs
+// (see Waiter). Releases, lease clear-outs and syncs of a key, by this or
+// any other process, notify the key's sharded pub/sub channel (a SPUBLISH
+// in the same round trip, on the key's own slot, so it works on Redis
+// Cluster); this process listens on the channels of the keys its callers
+// wait on, over connections of their own, outside the pool, and stops
+// when the last of them leaves. A release in this process wakes the next
+// caller at once, without the round trip. A notice lost with its
+// connection costs at most WaitPoll, or the time to FreeAt.
+func (s *Store) Await(ctx context.Context, keyIDs []string) (*Place, error) {
+	if err := CheckKeyIDs(keyIDs...); err != nil {
+		return nil, err
+	}
+	ids := distinct(keyIDs)
+	ready := s.notices.listen(ctx, s, ids)
+	p := s.queue.Join(ids)
+	p.leave = func() { s.notices.stop(s, ids) }
+	t := time.NewTimer(subscribeTimeout)
+	defer t.Stop()
+	for _, r := range ready {
+		select {
+		case <-r:
+		case <-t.C:
+			return p, nil
+		case <-ctx.Done():
+			p.Leave()
+			return nil, Classify(ctx, "await", ctx.Err())
+		}
+	}
+	return p, nil
+}
+
+// Waiting is the number of callers of this Store waiting for a slot.
+func (s *Store) Waiting() int { return s.queue.Len() }
+
+// AllocateWaiting is Allocate with req.Wait for a Waiter w: it joins w's
+// line on req's candidates and calls allocate, an Allocate that does not
+// wait, until it grants, fails otherwise than full, or req.Wait passes
+// (the last answer, full, then stands). The Stats add up every call's,
+// with the time waited. It is how this package's Store, the SQLite store
+// and the Lua baseline wait alike.
+func AllocateWaiting(ctx context.Context, w Waiter, req AllocateRequest, allocate func(context.Context, AllocateRequest) (Lease, Stats, error)) (Lease, Stats, error) {
+	var st Stats
+	until := time.Now().Add(req.Wait)
+	p, err := w.Await(ctx, req.Candidates)
+	if err != nil {
+		return Lease{}, st, err
+	}
+	defer p.Leave()
+	var lease Lease
+	req.Wait = 0
+	err = p.Retry(ctx, until, func(ctx context.Context) error {
+		var one Stats
+		var err error
+		lease, one, err = allocate(ctx, req)
+		st.Add(one)
+		return err
+	})
+	st.Waited = p.Waited()
+	return lease, st, err
+}
+
+// notify sends keyID's free-slot notice with the pipeline's other
+// commands, signed with this store's id so that its own listener can skip
+// it (a release here wakes the line directly).
+func (s *Store) notify(ctx context.Context, p redis.Pipeliner, keyID string) {
+	p.SPublish(ctx, s.keys.Free(keyID), s.id)
+}
+
+// notices is a Store's listening on the free-slot channels of the keys
+// its callers wait on.
+type notices struct {
+	mu sync.Mutex
+	// shared listens for every key on one connection, when the client
+	// talks to one server; else each key has its own (subs[id].ps), to the
+	// node that owns the channel's slot.
+	shared *redis.PubSub
+	subs   map[string]*subscription
+}
+
+type subscription struct {
+	waiters int
+	ready   chan struct{} // closed when Redis confirmed the subscription
+	ps      *redis.PubSub // nil with notices.shared
+}
+
+// listen subscribes to the channels of ids not yet listened to and
+// returns, per id, a channel closed once Redis confirmed it.
+func (n *notices) listen(ctx context.Context, s *Store, ids []string) []chan struct{} {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), subscribeTimeout)
+	defer cancel()
+	_, single := s.rdb.(*redis.Client)
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.subs == nil {
+		n.subs = make(map[string]*subscription)
+	}
+	out := make([]chan struct{}, len(ids))
+	for i, id := range ids {
+		sub := n.subs[id]
+		if sub == nil {
+			sub = &subscription{ready: make(chan struct{})}
+			n.subs[id] = sub
+			ch := s.keys.Free(id)
+			switch {
+			case !single:
+				sub.ps = s.rdb.SSubscribe(ctx, ch)
+				go n.read(s, sub.ps)
+			case n.shared == nil:
+				n.shared = s.rdb.SSubscribe(ctx, ch)
+				go n.read(s, n.shared)
+			default:
+				// An error reconnects by itself; until then, polling.
+				_ = n.shared.SSubscribe(ctx, ch)
+			}
+		}
+		sub.waiters++
+		out[i] = sub.ready
+	}
+	return out
+}
+
+// stop drops ids' waiters and unsubscribes from the channels nobody waits
+// on any more, closing the connections left with none.
+func (n *notices) stop(s *Store, ids []string) {
+	ctx, cancel := context.WithTimeout(context.Background(), unwatchTimeout)
+	defer cancel()
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	var done []string
+	for _, id := range ids {
+		sub := n.subs[id]
+		if sub.waiters--; sub.waiters > 0 {
+			continue
+		}
+		delete(n.subs, id)
+		if sub.ps != nil {
+			_ = sub.ps.Close()
+		} else {
+			done = append(done, id)
+		}
+	}
+	if n.shared == nil || len(done) == 0 {
+		return
+	}
+	if len(n.subs) == 0 {
+		_ = n.shared.Close()
+		n.shared = nil
+		return
+	}
+	chans := make([]string, len(done))
+	for i, id := range done {
+		chans[i] = s.keys.Free(id)
+	}
+	_ = n.shared.SUnsubscribe(ctx, chans...)
+}
+
+// read wakes s's line on each notice ps receives from another store, and
+// marks subscriptions confirmed, until ps is closed.
+func (n *notices) read(s *Store, ps *redis.PubSub) {
+	for m := range ps.ChannelWithSubscriptions() {
+		switch m := m.(type) {
+		case *redis.Message:
+			if id, ok := rs.FreeKeyID(m.Channel); ok && m.Payload != s.id {
+				s.queue.Wake(id)
+			}
+		case *redis.Subscription:
+			if id, ok := rs.FreeKeyID(m.Channel); ok && m.Kind == "ssubscribe" {
+				n.confirm(id)
+			}
+		}
+	}
+}
+
+func (n *notices) confirm(id string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if sub := n.subs[id]; sub != nil {
+		select {
+		case <-sub.ready:
+		default:
+			close(sub.ready)
+		}
+	}
+}

@@ -1,0 +1,307 @@
+package optimistic
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/credpool/credpool/test/redistest"
+)
+
+// waitStores returns two stores on one server, each with its own client,
+// as two processes have, and one key "k" of limit 1 in openai/default.
+func waitStores(t *testing.T, cluster bool) (a, b *Store) {
+	t.Helper()
+	var addr string
+	if cluster {
+		addr = redistest.StartCluster(t).Addr
+	} else {
+		addr = redistest.Start(t).Addr
+	}
+	open := func() *Store {
+		var rdb redis.UniversalClient = redis.NewClient(&redis.Options{Addr: addr})
+		if cluster {
+			rdb = redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{addr}})
+		}
+		t.Cleanup(func() { _ = rdb.Close() })
+		s, err := New(rdb, nil)
+		require.NoError(t, err)
+		return s
+	}
+	a, b = open(), open()
+	require.NoError(t, a.SyncKey(t.Context(), KeyState{ID: "k", Provider: "openai", Pool: "default", Status: StatusAvailable, MaxConcurrentUses: 1}))
+	return a, b
+}
+
+func waitReq(wait time.Duration) AllocateRequest {
+	return AllocateRequest{Provider: "openai", Pool: "default", Candidates: []string{"k"}, TTL: time.Minute, Wait: wait}
+}
+
+// A release by another process wakes a caller waiting here through the
+// key's channel, not the poll: the wake-up itself arrives.
+func TestAwaitWokenByAnotherProcess(t *testing.T) {
+	for _, cluster := range []bool{false, true} {
+		name := map[bool]string{false: "standalone", true: "cluster"}[cluster]
+		t.Run(name, func(t *testing.T) {
+			a, b := waitStores(t, cluster)
+			ctx := t.Context()
+			held, _, err := a.Allocate(ctx, waitReq(0))
+			require.NoError(t, err)
+			p, err := b.Await(ctx, []string{"k"})
+			require.NoError(t, err)
+			defer p.Leave()
+			// Await stops waiting for the confirmation after a while; a
+			// loaded machine may take longer, and a notice sent before it
+			// is lost (the poll would cover it, not this test).
+			require.Eventually(t, func() bool { return subscribed(b, "k") }, 10*time.Second, time.Millisecond)
+			require.NoError(t, a.Release(ctx, held.LeaseRef))
+			select {
+			case id := <-p.wake:
+				require.Equal(t, "k", id)
+			case <-time.After(10 * time.Second):
+				t.Fatal("no wake-up from the other store's release")
+			}
+		})
+	}
+}
+
+// A waiting Allocate gets the slot a release frees, in this process or
+// another, and reports the time it waited.
+func TestAllocateWaitsForRelease(t *testing.T) {
+	a, b := waitStores(t, false)
+	ctx := t.Context()
+	for _, releaser := range []*Store{b, a} {
+		held, _, err := b.Allocate(ctx, waitReq(0))
+		require.NoError(t, err)
+		type result struct {
+			lease Lease
+			st    Stats
+			err   error
+		}
+		done := make(chan result, 1)
+		go func() {
+			l, st, err := b.Allocate(ctx, waitReq(time.Minute))
+			done <- result{l, st, err}
+		}()
+		require.Eventually(t, func() bool { return b.Waiting() == 1 }, 10*time.Second, time.Millisecond)
+		require.NoError(t, releaser.Release(ctx, held.LeaseRef))
+		r := <-done
+		require.NoError(t, r.err)
+		require.Equal(t, "k", r.lease.KeyID)
+		require.NoError(t, b.Release(ctx, r.lease.LeaseRef))
+	}
+	require.Empty(t, b.notices.subs, "nobody waits: no subscription left")
+	require.Nil(t, b.notices.shared)
+}
+
+// A wait that ends is the pool full; one cancelled by ctx is ctx's error,
+// and either way nothing is taken or left behind.
+func TestAllocateWaitEnds(t *testing.T) {
+	a, b := waitStores(t, false)
+	ctx := t.Context()
+	held, _, err := a.Allocate(ctx, waitReq(0))
+	require.NoError(t, err)
+
+	_, _, err = b.Allocate(ctx, waitReq(30*time.Millisecond))
+	require.ErrorIs(t, err, ErrNoCapacity)
+
+	cctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		_, _, err := b.Allocate(cctx, waitReq(time.Minute))
+		done <- err
+	}()
+	require.Eventually(t, func() bool { return b.Waiting() == 1 }, 10*time.Second, time.Millisecond)
+	cancel()
+	require.ErrorIs(t, <-done, context.Canceled)
+	require.NoError(t, a.Release(ctx, held.LeaseRef))
+
+	infos, err := a.Inspect(ctx, "k")
+	require.NoError(t, err)
+	require.Zero(t, infos[0].Live, "the cancelled waiter took no slot")
+	require.Zero(t, b.Waiting())
+	require.Empty(t, b.notices.subs)
+}
+
+// Callers of one process that wait are served in the order they came,
+// whatever the order of the releases.
+func TestWaitersServedInArrivalOrder(t *testing.T) {
+	_, s := waitStores(t, false)
+	ctx := t.Context()
+	held, _, err := s.Allocate(ctx, waitReq(0))
+	require.NoError(t, err)
+	const n = 5
+	grants := make(chan int, n)
+	leases := make([]Lease, n)
+	errs := make(chan error, n)
+	for i := range n {
+		go func() {
+			l, _, err := s.Allocate(ctx, waitReq(time.Minute))
+			if err != nil {
+				errs <- err
+				return
+			}
+			leases[i] = l
+			grants <- i
+		}()
+		require.Eventually(t, func() bool { return s.Waiting() == i+1 }, 10*time.Second, time.Millisecond)
+	}
+	for i := range n {
+		require.NoError(t, s.Release(ctx, held.LeaseRef))
+		select {
+		case got := <-grants:
+			require.Equal(t, i, got, "served out of turn")
+			held = leases[got]
+		case err := <-errs:
+			t.Fatal(err)
+		}
+	}
+	require.NoError(t, s.Release(ctx, held.LeaseRef))
+}
+
+// Many callers in two processes cycling allocate (waiting), hold, release
+// on keys of limit 2: never more holders than the limit, and everyone is
+// served.
+func TestWaitingNeverOversells(t *testing.T) {
+	a, b := waitStores(t, false)
+	ctx := t.Context()
+	require.NoError(t, a.SyncKey(ctx, KeyState{ID: "k", Provider: "openai", Pool: "default", Status: StatusAvailable, MaxConcurrentUses: 2}))
+	var (
+		mu      sync.Mutex
+		holders int
+		most    int
+	)
+	errs := make(chan error, 16)
+	var wg sync.WaitGroup
+	for i := range 16 {
+		s := []*Store{a, b}[i%2]
+		wg.Go(func() {
+			for range 10 {
+				l, _, err := s.Allocate(ctx, waitReq(30*time.Second))
+				if err != nil {
+					errs <- err
+					return
+				}
+				mu.Lock()
+				holders++
+				most = max(most, holders)
+				mu.Unlock()
+				time.Sleep(time.Millisecond)
+				mu.Lock()
+				holders--
+				mu.Unlock()
+				if err := s.Release(ctx, l.LeaseRef); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	require.LessOrEqual(t, most, 2)
+}
+
+func TestWaitNegativeIsInvalid(t *testing.T) {
+	_, s := waitStores(t, false)
+	_, _, err := s.Allocate(t.Context(), waitReq(-time.Second))
+	require.True(t, errors.Is(err, ErrInvalid), "got %v", err)
+}
+
+// Waiting callers hold no pooled connection: with far more of them than
+// the pool has connections, the store's other calls still get one.
+func TestWaitersHoldNoPooledConnection(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 2, PoolTimeout: 200 * time.Millisecond})
+	t.Cleanup(func() { _ = rdb.Close() })
+	s, err := New(rdb, nil)
+	require.NoError(t, err)
+	ctx := t.Context()
+	require.NoError(t, s.SyncKey(ctx, KeyState{ID: "k", Provider: "openai", Pool: "default", Status: StatusAvailable, MaxConcurrentUses: 1}))
+	held, _, err := s.Allocate(ctx, waitReq(0))
+	require.NoError(t, err)
+	const waiters = 8
+	done := make(chan error, waiters)
+	for range waiters {
+		go func() {
+			l, _, err := s.Allocate(ctx, waitReq(time.Minute))
+			if err == nil {
+				err = s.Release(ctx, l.LeaseRef)
+			}
+			done <- err
+		}()
+	}
+	require.Eventually(t, func() bool { return s.Waiting() == waiters }, 10*time.Second, time.Millisecond)
+	for range 3 {
+		_, err := s.Inspect(ctx, "k")
+		require.NoError(t, err, "a pooled connection must be free while %d callers wait", waiters)
+	}
+	require.NoError(t, s.Release(ctx, held.LeaseRef))
+	for range waiters {
+		require.NoError(t, <-done)
+	}
+}
+
+// Waiting callers fill every slot of a key at once: a caller waits only
+// behind others that found it full, not behind others still trying.
+func TestWaitersFillEverySlot(t *testing.T) {
+	_, s := waitStores(t, false)
+	ctx := t.Context()
+	require.NoError(t, s.SyncKey(ctx, KeyState{ID: "k", Provider: "openai", Pool: "default", Status: StatusAvailable, MaxConcurrentUses: 3}))
+	type grant struct {
+		lease Lease
+		st    Stats
+		err   error
+	}
+	const callers = 10
+	grants := make(chan grant, callers)
+	for range callers {
+		go func() {
+			l, st, err := s.Allocate(ctx, waitReq(time.Minute))
+			grants <- grant{l, st, err}
+		}()
+	}
+	var held []Lease
+	for range 3 {
+		g := <-grants
+		require.NoError(t, g.err)
+		require.Zero(t, g.st.Waited, "a slot was free: the first three never wait")
+		held = append(held, g.lease)
+	}
+	require.Eventually(t, func() bool { return s.Waiting() == callers-3 }, 10*time.Second, time.Millisecond)
+	// Each release hands its slot to the next caller in line.
+	for range callers - 3 {
+		require.NoError(t, s.Release(ctx, held[0].LeaseRef))
+		g := <-grants
+		require.NoError(t, g.err)
+		held = append(held[1:], g.lease)
+	}
+	for _, l := range held {
+		require.NoError(t, s.Release(ctx, l.LeaseRef))
+	}
+}
+
+// subscribed reports whether Redis confirmed s's subscription to id's
+// free-slot channel.
+func subscribed(s *Store, id string) bool {
+	s.notices.mu.Lock()
+	defer s.notices.mu.Unlock()
+	sub := s.notices.subs[id]
+	if sub == nil {
+		return false
+	}
+	select {
+	case <-sub.ready:
+		return true
+	default:
+		return false
+	}
+}
