@@ -130,11 +130,15 @@ func (s *Store) dropLeases(ctx context.Context, keyID string, withKey bool) (int
 			dels = append(dels, s.keys.Lease(keyID, id))
 		}
 		if withKey {
-			return t.commit(ctx, []cmd{append(dels, keyKey)})
+			dels = append(dels, keyKey)
 		}
-		return t.commit(ctx, []cmd{dels, {"spublish", s.keys.Free(keyID), s.id}})
+		return t.commit(ctx, []cmd{dels})
 	})
-	if err == nil && !withKey {
+	if err == nil && !withKey && len(ids) > 0 {
+		// Outside the MULTI, which Redis Cluster would refuse whole while
+		// the key's slot migrates; an admin action can afford the round
+		// trip. Lost, it costs waiters elsewhere a poll.
+		_ = s.rdb.SPublish(ctx, s.keys.Free(keyID), s.id).Err()
 		for range ids {
 			s.queue.Wake(keyID)
 		}

@@ -103,6 +103,7 @@ func (a *allocation) pass(ctx context.Context) error {
 	type step struct {
 		keyID string
 		wait  bool // for the gate; else skip the key while it is taken
+		lost  bool // lost a race in this pass already
 	}
 	queue := make([]step, len(a.todo))
 	for i, id := range a.todo {
@@ -118,12 +119,15 @@ func (a *allocation) pass(ctx context.Context) error {
 		keyID := queue[i].keyID
 		granted, err := a.try(ctx, &c, keyID, queue[i].wait)
 		if errors.Is(err, errGateBusy) {
-			queue = append(queue, step{keyID: keyID, wait: true})
+			queue = append(queue, step{keyID: keyID, wait: true, lost: queue[i].lost})
 			continue
 		}
-		if errors.Is(err, ErrConflict) {
+		if errors.Is(err, ErrConflict) && !queue[i].lost && a.pending != keyID {
 			// Someone just committed on this key; it may still have room.
-			granted, err = a.try(ctx, &c, keyID, true)
+			// It is tried again after the others, once this process's
+			// hold-off on it (see notes) has ended.
+			queue = append(queue, step{keyID: keyID, wait: true, lost: true})
+			continue
 		}
 		switch {
 		case granted:
@@ -183,6 +187,7 @@ type verdict struct {
 	pruned  int   // expired leases the commit removed
 	free    int64 // skipped: when it frees up (ms), 0 if never by itself
 	held    bool  // free is when a held lease ends
+	room    bool  // granted, with a slot left after it
 }
 
 // try reads one candidate (under WATCH, see decide), on c's connection,
@@ -194,14 +199,16 @@ func (a *allocation) try(ctx context.Context, c *conns, keyID string, wait bool)
 	if wait {
 		c.end(ctx)
 	}
+	// Held off outside the key's turn: this process's other callers of
+	// the key consult the same note, and may try other keys meanwhile.
+	if err := a.holdOff(ctx, keyID, wait); err != nil {
+		return false, err
+	}
 	release, err := a.enter(ctx, keyID, wait)
 	if err != nil {
 		return false, err
 	}
 	defer release()
-	if err := a.holdOff(ctx, keyID, wait); err != nil {
-		return false, err
-	}
 	a.stats.Attempts++
 	var v verdict
 	start := time.Now()
@@ -214,7 +221,7 @@ func (a *allocation) try(ctx context.Context, c *conns, keyID string, wait bool)
 		a.stats.Conflicts++
 	}
 	if errors.Is(err, redis.TxFailedErr) && !a.opts.NoGate {
-		a.notes.hold(keyID, time.Since(start))
+		a.notes.hold(keyID, time.Since(start), a.opts.MaxBackoff)
 	}
 	if v.settled && a.pending == keyID {
 		a.pending = ""
@@ -231,6 +238,11 @@ func (a *allocation) try(ctx context.Context, c *conns, keyID string, wait bool)
 		a.grant(keyID, v.until, v.fence)
 		a.stats.Pruned += v.pruned
 		a.notes.won(keyID)
+		if v.room {
+			// Slots freed together (a raised limit, a clear-out) sent one
+			// notice: the next caller in line takes the next one.
+			a.queue.Wake(keyID)
+		}
 	}
 	if v.settled && !v.granted && err == nil {
 		a.notes.skipped(keyID)
@@ -241,8 +253,7 @@ func (a *allocation) try(ctx context.Context, c *conns, keyID string, wait bool)
 // holdOff keeps the call off keyID while this process is held off it
 // after losing a race there (see notes): unless wait, it returns
 // errGateBusy, for the other candidates to go first; else it waits for
-// the hold-off to end, in the key's turn, so that this process's other
-// callers of the key wait too. A key whose EXEC reply was lost is never
+// the hold-off to end, holding no connection and not the key's turn. A key whose EXEC reply was lost is never
 // held off: no other key may grant before it is rechecked. Without the
 // gate (Options.NoGate) nothing is held off: each call races on its own.
 func (a *allocation) holdOff(ctx context.Context, keyID string, wait bool) error {
@@ -355,7 +366,7 @@ func (a *allocation) take(ctx context.Context, t *txn, v verdict, keyID string, 
 			rs.FieldStatus, string(StatusAvailable), rs.FieldCooldown, "",
 			rs.FieldLastUsed, now, rs.FieldFence, fence},
 	)
-	v.pruned = len(ls.expired)
+	v.pruned, v.room = len(ls.expired), ls.live+1 < k.limit
 	return a.settle(ctx, t, v, body, until, fence)
 }
 

@@ -72,8 +72,9 @@ type AllocateRequest struct {
 	TTL time.Duration
 	// Wait, when positive, is how long Allocate may wait for a slot to
 	// free up instead of answering ErrNoCapacity at once; ctx bounds it
-	// too. Waiting callers of one process are served in arrival order. A
-	// store that is not a Waiter refuses it as invalid.
+	// too. Callers of one process that found the keys full are served in
+	// the order they came (see Queue). A store that is not a Waiter
+	// refuses it as invalid.
 	Wait time.Duration
 }
 

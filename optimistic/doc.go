@@ -93,6 +93,7 @@
 // of one process queue per key in arrival order (Queue), a freed slot
 // wakes the first of them, and releases in other processes reach the line
 // through the key's sharded pub/sub channel, notified in the release's
-// own MULTI (Store.Await). FreeAt and WaitPoll bound what a lost notice
-// costs. Waiter is the contract for stores that can wait.
+// round trip, right after its EXEC (Store.Await). FreeAt and WaitPoll
+// bound what a lost notice costs. Waiter is the contract for stores that
+// can wait.
 package optimistic

@@ -8,16 +8,10 @@ import (
 )
 
 // holdOffSpan bounds the pause after a lost race, in units of the aborted
-// attempt's own duration (a read and an EXEC: two round trips under the
-// load of the moment), so that it scales with the server's pace. The
-// pause is drawn from [1, holdOffSpan) times it, and doubles, up to
-// holdOffDoublings times, while the process keeps losing the key: long
-// enough for the winner's process to make a few grants in a row. Measured
-// with 4 processes of 16 callers on one hot key: conflicts per grant went
-// from 1.1 to 0.4 at limit 1 and from 1.5 to 0.1 at limit 5, grants/s
-// unchanged. A shorter span lets limit 1 climb back to 0.6-0.7; more
-// doublings cut it to 0.35 but make the losers' callers wait much longer
-// (time to grant p99 at limit 5 up 2.5x).
+// attempt's own duration, so that it scales with the server's pace; it
+// doubles up to holdOffDoublings times while the process keeps losing the
+// key (Options.MaxBackoff caps it). The values are measured (README,
+// "A process that loses a race steps back").
 const (
 	holdOffSpan      = 16
 	holdOffDoublings = 1
@@ -66,10 +60,10 @@ func (h *notes) sweep(now time.Time) {
 }
 
 // hold keeps this process off keyID after an attempt that took took and
-// whose EXEC was aborted. The process that lost steps back while the
-// winner's makes its next grants: if every loser came back at once, they
-// would collide again on the next freed slot.
-func (h *notes) hold(keyID string, took time.Duration) {
+// whose EXEC was aborted, for at most longest. The process that lost
+// steps back while the winner's makes its next grants: if every loser
+// came back at once, they would collide again on the next freed slot.
+func (h *notes) hold(keyID string, took, longest time.Duration) {
 	now := time.Now()
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -79,7 +73,7 @@ func (h *notes) hold(keyID string, took time.Duration) {
 		o.losses = 0
 	}
 	pause := float64(took) * (1 + rand.Float64()*(holdOffSpan-1)) * float64(int(1)<<min(o.losses, holdOffDoublings))
-	o.until, o.losses = now.Add(time.Duration(pause)), o.losses+1
+	o.until, o.losses = now.Add(min(time.Duration(pause), longest)), o.losses+1
 	h.m[keyID] = o
 }
 

@@ -3,11 +3,14 @@ package optimistic
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
+
+	"github.com/credpool/credpool/test/redistest"
 )
 
 // A lost race holds the key off for 1 to holdOffSpan times the attempt's
@@ -20,7 +23,7 @@ func TestHoldOffs(t *testing.T) {
 	require.True(t, h.until("k").IsZero(), "none yet")
 	for losses := range holdOffDoublings + 2 {
 		start := time.Now()
-		h.hold("k", took)
+		h.hold("k", took, time.Hour)
 		scale := time.Duration(1) << min(losses, holdOffDoublings)
 		d := h.until("k").Sub(start)
 		require.GreaterOrEqual(t, d, took*scale, "loss %d", losses+1)
@@ -31,22 +34,28 @@ func TestHoldOffs(t *testing.T) {
 	}
 	h.won("k")
 	require.True(t, h.until("k").IsZero(), "a grant ends it")
-	h.hold("k", took)
+	h.hold("k", took, time.Hour)
 	require.Equal(t, 1, h.m["k"].losses, "a grant starts over")
 	h.m["k"] = note{until: time.Now().Add(-holdOffSpan * took * 2), losses: 3}
 	require.True(t, h.until("k").IsZero(), "over")
-	h.hold("k", took)
+	h.hold("k", took, time.Hour)
 	require.Equal(t, 1, h.m["k"].losses, "lost long after the last hold-off: starts over")
+
+	// However long the lost attempt took (a slow pool, a slow server),
+	// the hold-off is bounded.
+	start := time.Now()
+	h.hold("slow", time.Minute, 64*time.Millisecond)
+	require.LessOrEqual(t, h.until("slow").Sub(start), 64*time.Millisecond+time.Millisecond)
 }
 
 // Keys held off long ago are dropped once many are noted.
 func TestHoldOffsSweep(t *testing.T) {
 	var h notes
 	for i := range notesSweep {
-		h.hold(fmt.Sprint("k", i), time.Nanosecond)
+		h.hold(fmt.Sprint("k", i), time.Nanosecond, time.Hour)
 	}
 	time.Sleep(skipFor + time.Millisecond)
-	h.hold("last", time.Nanosecond)
+	h.hold("last", time.Nanosecond, time.Hour)
 	require.Len(t, h.m, 1, "only the last one is left")
 }
 
@@ -104,4 +113,44 @@ func (h timeline) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proc
 		}
 		return err
 	}
+}
+
+// conflictOnce makes the first attempt on key lose its race: another
+// client writes the key HASH right after the attempt's read.
+type conflictOnce struct {
+	key   string
+	done  atomic.Bool
+	other redis.UniversalClient
+}
+
+func (*conflictOnce) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (*conflictOnce) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h *conflictOnce) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		for _, c := range cmds {
+			if args := c.Args(); c.Name() == "watch" && len(args) > 1 && args[1] == h.key && h.done.CompareAndSwap(false, true) {
+				h.other.HSet(ctx, h.key, "touched", "1")
+			}
+		}
+		return err
+	}
+}
+
+// After a lost race the call goes on to its other candidates instead of
+// waiting out the hold-off on the one it lost.
+func TestLostRaceTriesOthersFirst(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	s, err := New(rdb, nil)
+	require.NoError(t, err)
+	ctx := t.Context()
+	for _, id := range []string{"hot", "cold"} {
+		require.NoError(t, s.SyncKey(ctx, KeyState{ID: id, Provider: "openai", Pool: "default", Status: StatusAvailable, MaxConcurrentUses: 5}))
+	}
+	rdb.(*redis.Client).AddHook(&conflictOnce{key: s.keys.Key("hot"), other: srv.Client(t)})
+	l, st, err := s.Allocate(ctx, AllocateRequest{Provider: "openai", Pool: "default", Candidates: []string{"hot", "cold"}, TTL: time.Minute})
+	require.NoError(t, err)
+	require.Equal(t, 1, st.Conflicts)
+	require.Equal(t, "cold", l.KeyID, "cold had room: no reason to wait for hot")
 }

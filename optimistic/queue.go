@@ -10,10 +10,10 @@ import (
 	"time"
 )
 
-// WaitPoll bounds how long a waiting caller goes without asking the store
-// again: a wake-up that never came (a notification lost with its
-// connection, a slot freed by a sync on another host, a release in another
-// process of a store that cannot notify) costs at most about this long.
+// WaitPoll bounds how long the first caller in line goes without asking
+// the store again: a wake-up that never came (a notice lost with its
+// connection, a release in another process of a store that cannot
+// notify) costs at most about this long.
 const WaitPoll = time.Second
 
 // minWaitStep keeps a caller told "frees up now" (a FreeAt in the past by
@@ -22,13 +22,14 @@ const minWaitStep = 2 * time.Millisecond
 
 // Queue lines up this process's callers that wait for a free slot, per
 // key, in arrival order. A slot freed on a key wakes the earliest caller
-// waiting on it that is not already awake, so callers are served in turn
-// and one release wakes one caller, not a herd. The zero Queue is ready to
+// waiting on it that is not already awake, so callers that found the key
+// full are served in turn, and one release wakes one caller, not a herd.
+// (A caller that arrives while nobody in line has found its keys full
+// tries at once, as everyone may until the slots are taken.) The zero Queue is ready to
 // use; it is safe for concurrent use. Nothing of it lives outside this
 // process.
 type Queue struct {
 	mu    sync.Mutex
-	seq   uint64
 	lines map[string][]*Place // by key id, in arrival order
 	n     int                 // places in line
 }
@@ -38,7 +39,6 @@ type Queue struct {
 type Place struct {
 	q    *Queue
 	keys []string
-	seq  uint64
 	// wake holds the key of a wake-up not yet taken: one at most, a
 	// second goes to the next caller in line.
 	wake chan string
@@ -58,8 +58,7 @@ func (q *Queue) Join(keyIDs []string) *Place {
 	if q.lines == nil {
 		q.lines = make(map[string][]*Place)
 	}
-	q.seq++
-	p := &Place{q: q, keys: distinct(keyIDs), seq: q.seq, wake: make(chan string, 1)}
+	p := &Place{q: q, keys: distinct(keyIDs), wake: make(chan string, 1)}
 	for _, id := range p.keys {
 		q.lines[id] = append(q.lines[id], p)
 	}
@@ -124,6 +123,12 @@ func (p *Place) park(on bool) {
 // Wait blocks until p is woken (a slot freed on one of its keys), until
 // passes, or ctx ends; only the last is an error, ctx's own.
 func (p *Place) Wait(ctx context.Context, until time.Time) error {
+	_, err := p.wait(ctx, until)
+	return err
+}
+
+// wait is Wait that says whether p was woken.
+func (p *Place) wait(ctx context.Context, until time.Time) (woken bool, err error) {
 	start := time.Now()
 	p.park(true)
 	defer func() {
@@ -134,11 +139,11 @@ func (p *Place) Wait(ctx context.Context, until time.Time) error {
 	defer t.Stop()
 	select {
 	case <-p.wake:
-		return nil
+		return true, nil
 	case <-t.C:
-		return nil
+		return false, nil
 	case <-ctx.Done():
-		return ctx.Err()
+		return false, ctx.Err()
 	}
 }
 
@@ -174,25 +179,52 @@ func (p *Place) Leave() {
 	}
 }
 
-// Retry calls try until it returns anything but a *CapacityError, or until
-// passes: then it returns try's last answer, the pool full. Between tries
-// it waits in p's place for a wake-up, the capacity error's FreeAt (for
-// the caller first in line), or WaitPoll, whichever comes first. A caller
-// behind others in line waits for its turn before its first try. If ctx
-// ends while it waits, it returns ctx's error, having taken nothing.
+// Retry calls try until it returns anything but "not now" (a
+// *CapacityError, or ErrContended: a hot key, busy with other processes),
+// or until passes: then it returns try's last answer. Between tries it
+// waits in p's place for a wake-up, the capacity error's FreeAt (for the
+// caller first in line), or WaitPoll (only the first in line asks again
+// then), whichever comes first. No try starts
+// after until, so a caller that bounds its work at until plus one try's
+// time gets the answer, not its own deadline. A caller behind others in
+// line waits for its turn before its first try, and tries once even if
+// until passed meanwhile. If ctx ends while it waits, it returns ctx's
+// error, having taken nothing.
 func (p *Place) Retry(ctx context.Context, until time.Time, try func(context.Context) error) error {
-	var full *CapacityError
+	var (
+		full *CapacityError
+		last error
+	)
 	for wait := p.Behind(); ; wait = true {
 		if wait {
-			if err := p.Wait(ctx, p.next(full, until)); err != nil {
+			woken, err := p.wait(ctx, p.next(full, until))
+			if err != nil {
 				return fmt.Errorf("optimistic: waiting for a free slot: %w", err)
+			}
+			ended := !time.Now().Before(until)
+			if last != nil && ended {
+				return last
+			}
+			if !woken && !ended && p.Behind() {
+				// Polling is for the first in line; the others wait
+				// for their turn.
+				continue
 			}
 		}
 		err := try(ctx)
-		if !errors.As(err, &full) || !time.Now().Before(until) {
+		if !NotYet(err) || !time.Now().Before(until) {
 			return err
 		}
+		errors.As(err, &full)
+		last = err
 	}
+}
+
+// NotYet reports whether err says "no slot now, perhaps soon": no free
+// slot (ErrNoCapacity), or a key too busy with other processes to take
+// one (ErrContended). A waiting caller waits on; others may retry later.
+func NotYet(err error) bool {
+	return errors.Is(err, ErrNoCapacity) || errors.Is(err, ErrContended)
 }
 
 // next is when p asks the store again after full (nil: not asked yet):

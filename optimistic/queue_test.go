@@ -2,6 +2,7 @@ package optimistic
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -80,6 +81,31 @@ func TestPlaceRetry(t *testing.T) {
 			return &CapacityError{}
 		})
 		require.ErrorIs(t, err, ErrNoCapacity)
+	})
+	t.Run("no try after the wait ends", func(t *testing.T) {
+		p := q.Join([]string{"k"})
+		defer p.Leave()
+		tries := 0
+		err := p.Retry(ctx, time.Now().Add(20*time.Millisecond), func(context.Context) error {
+			tries++
+			return &CapacityError{}
+		})
+		require.ErrorIs(t, err, ErrNoCapacity)
+		require.Equal(t, 1, tries, "nobody woke it: the wait ran out without another try")
+	})
+	t.Run("contended keeps waiting", func(t *testing.T) {
+		p := q.Join([]string{"k"})
+		defer p.Leave()
+		tries := 0
+		err := p.Retry(ctx, time.Now().Add(time.Minute), func(context.Context) error {
+			if tries++; tries == 1 {
+				q.Wake("k")
+				return fmt.Errorf("%w: hot key", ErrContended)
+			}
+			return nil
+		})
+		require.NoError(t, err)
+		require.Equal(t, 2, tries)
 	})
 	t.Run("other errors end it", func(t *testing.T) {
 		p := q.Join([]string{"k"})

@@ -55,18 +55,29 @@ func (s *Store) Waiting() int { return s.queue.Len() }
 // line on req's candidates and calls allocate, an Allocate that does not
 // wait, until it grants, fails otherwise than full, or req.Wait passes
 // (the last answer, full, then stands). The Stats add up every call's,
-// with the time waited. It is how this package's Store, the SQLite store
-// and the Lua baseline wait alike.
+// with the time waited. It is how this package's Store and the SQLite
+// store wait alike.
 func AllocateWaiting(ctx context.Context, w Waiter, req AllocateRequest, allocate func(context.Context, AllocateRequest) (Lease, Stats, error)) (Lease, Stats, error) {
 	var st Stats
 	until := time.Now().Add(req.Wait)
+	req.Wait = 0
+	if w.Waiting() == 0 {
+		// Nobody waits here: a free slot is taken without listening for
+		// notices first. Only a caller that found no room joins the line
+		// and tries again, once it listens, so that no release in between
+		// goes unnoticed.
+		lease, one, err := allocate(ctx, req)
+		st.Add(one)
+		if !NotYet(err) {
+			return lease, st, err
+		}
+	}
 	p, err := w.Await(ctx, req.Candidates)
 	if err != nil {
 		return Lease{}, st, err
 	}
 	defer p.Leave()
 	var lease Lease
-	req.Wait = 0
 	err = p.Retry(ctx, until, func(ctx context.Context) error {
 		var one Stats
 		var err error
@@ -86,12 +97,12 @@ func (s *Store) notify(ctx context.Context, p redis.Pipeliner, keyID string) {
 }
 
 // notices is a Store's listening on the free-slot channels of the keys
-// its callers wait on.
+// its callers wait on. It is safe for concurrent use.
 type notices struct {
 	mu sync.Mutex
 	// shared listens for every key on one connection, when the client
-	// talks to one server; else each key has its own (subs[id].ps), to the
-	// node that owns the channel's slot.
+	// talks to one server; else each key has its own, to the node that
+	// owns the channel's slot.
 	shared *redis.PubSub
 	subs   map[string]*subscription
 }
@@ -99,17 +110,19 @@ type notices struct {
 type subscription struct {
 	waiters int
 	ready   chan struct{} // closed when Redis confirmed the subscription
-	ps      *redis.PubSub // nil with notices.shared
+	ps      *redis.PubSub // what it listens on: its own, or notices.shared
 }
 
 // listen subscribes to the channels of ids not yet listened to and
-// returns, per id, a channel closed once Redis confirmed it.
+// returns, per id, a channel closed once Redis confirmed it. Connections
+// are dialled outside the lock, so that a server slow to answer holds up
+// no other caller's listening or leaving.
 func (n *notices) listen(ctx context.Context, s *Store, ids []string) []chan struct{} {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), subscribeTimeout)
 	defer cancel()
 	_, single := s.rdb.(*redis.Client)
+	var fresh []string
 	n.mu.Lock()
-	defer n.mu.Unlock()
 	if n.subs == nil {
 		n.subs = make(map[string]*subscription)
 	}
@@ -119,27 +132,45 @@ func (n *notices) listen(ctx context.Context, s *Store, ids []string) []chan str
 		if sub == nil {
 			sub = &subscription{ready: make(chan struct{})}
 			n.subs[id] = sub
-			ch := s.keys.Free(id)
-			switch {
-			case !single:
-				sub.ps = s.rdb.SSubscribe(ctx, ch)
-				go n.read(s, sub.ps)
-			case n.shared == nil:
-				n.shared = s.rdb.SSubscribe(ctx, ch)
-				go n.read(s, n.shared)
-			default:
-				// An error reconnects by itself; until then, polling.
-				_ = n.shared.SSubscribe(ctx, ch)
+			fresh = append(fresh, id)
+			if single {
+				if n.shared == nil {
+					// No channel yet: it dials from its reader.
+					n.shared = s.rdb.SSubscribe(ctx)
+					go n.read(s, n.shared)
+				}
+				sub.ps = n.shared
 			}
 		}
 		sub.waiters++
 		out[i] = sub.ready
 	}
+	shared := n.shared
+	n.mu.Unlock()
+	for _, id := range fresh {
+		ch := s.keys.Free(id)
+		if single {
+			// An error (the connection closed meanwhile, the server down)
+			// leaves the waiters to polling.
+			_ = shared.SSubscribe(ctx, ch)
+			continue
+		}
+		// On a cluster the first channel picks the node to dial.
+		ps := s.rdb.SSubscribe(ctx, ch)
+		n.mu.Lock()
+		// The caller's own waiter keeps the subscription: it leaves only
+		// once this returned.
+		n.subs[id].ps = ps
+		n.mu.Unlock()
+		go n.read(s, ps)
+	}
 	return out
 }
 
 // stop drops ids' waiters and unsubscribes from the channels nobody waits
-// on any more, closing the connections left with none.
+// on any more, closing the connections left with none. It writes under
+// the lock, so that an unsubscription goes out before a later
+// subscription to the same channel.
 func (n *notices) stop(s *Store, ids []string) {
 	ctx, cancel := context.WithTimeout(context.Background(), unwatchTimeout)
 	defer cancel()
@@ -152,7 +183,7 @@ func (n *notices) stop(s *Store, ids []string) {
 			continue
 		}
 		delete(n.subs, id)
-		if sub.ps != nil {
+		if sub.ps != n.shared {
 			_ = sub.ps.Close()
 		} else {
 			done = append(done, id)
@@ -174,7 +205,7 @@ func (n *notices) stop(s *Store, ids []string) {
 }
 
 // read wakes s's line on each notice ps receives from another store, and
-// marks subscriptions confirmed, until ps is closed.
+// marks ps's subscriptions confirmed, until ps is closed.
 func (n *notices) read(s *Store, ps *redis.PubSub) {
 	for m := range ps.ChannelWithSubscriptions() {
 		switch m := m.(type) {
@@ -184,16 +215,18 @@ func (n *notices) read(s *Store, ps *redis.PubSub) {
 			}
 		case *redis.Subscription:
 			if id, ok := rs.FreeKeyID(m.Channel); ok && m.Kind == "ssubscribe" {
-				n.confirm(id)
+				n.confirm(id, ps)
 			}
 		}
 	}
 }
 
-func (n *notices) confirm(id string) {
+// confirm marks id's subscription on ps confirmed; one on another
+// connection (made again since) waits for its own confirmation.
+func (n *notices) confirm(id string, ps *redis.PubSub) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if sub := n.subs[id]; sub != nil {
+	if sub := n.subs[id]; sub != nil && sub.ps == ps {
 		select {
 		case <-sub.ready:
 		default:

@@ -149,7 +149,8 @@ func TestWaitersServedInArrivalOrder(t *testing.T) {
 			leases[i] = l
 			grants <- i
 		}()
-		require.Eventually(t, func() bool { return s.Waiting() == i+1 }, 10*time.Second, time.Millisecond)
+		// Parked, having found the key full, before the next one comes.
+		require.Eventually(t, func() bool { return parked(s) == i+1 }, 10*time.Second, time.Millisecond)
 	}
 	for i := range n {
 		require.NoError(t, s.Release(ctx, held.LeaseRef))
@@ -304,4 +305,64 @@ func subscribed(s *Store, id string) bool {
 	default:
 		return false
 	}
+}
+
+// Slots freed at once, by a limit raised in another process, reach every
+// caller waiting for them, not only the one the single notice woke: each
+// grant that leaves room wakes the next caller.
+func TestRaisedLimitServesEveryWaiter(t *testing.T) {
+	a, b := waitStores(t, false)
+	ctx := t.Context()
+	_, _, err := b.Allocate(ctx, waitReq(0))
+	require.NoError(t, err)
+	const waiters = 4
+	done := make(chan error, waiters)
+	for range waiters {
+		go func() {
+			_, _, err := b.Allocate(ctx, waitReq(time.Minute))
+			done <- err
+		}()
+	}
+	require.Eventually(t, func() bool { return b.Waiting() == waiters && subscribed(b, "k") }, 10*time.Second, time.Millisecond)
+	require.NoError(t, a.SyncKey(ctx, KeyState{ID: "k", Provider: "openai", Pool: "default", Status: StatusAvailable, MaxConcurrentUses: 1 + waiters}))
+	deadline := time.After(WaitPoll / 2)
+	for range waiters {
+		select {
+		case err := <-done:
+			require.NoError(t, err)
+		case <-deadline:
+			t.Fatal("a waiter was left for the poll: the freed slots were not handed on")
+		}
+	}
+}
+
+// parked counts the callers of s parked in line: found the key full (or
+// waiting for their turn) and asleep.
+func parked(s *Store) int {
+	s.queue.mu.Lock()
+	defer s.queue.mu.Unlock()
+	seen := map[*Place]bool{}
+	for _, line := range s.queue.lines {
+		for _, p := range line {
+			if p.parked {
+				seen[p] = true
+			}
+		}
+	}
+	return len(seen)
+}
+
+// A waiting call that finds a free slot while nobody waits takes it
+// without listening for notices: no subscription, no extra connection.
+func TestWaitingCallWithRoomSubscribesNothing(t *testing.T) {
+	a, _ := waitStores(t, false)
+	ctx := t.Context()
+	for range 5 {
+		l, _, err := a.Allocate(ctx, waitReq(time.Minute))
+		require.NoError(t, err)
+		require.NoError(t, a.Release(ctx, l.LeaseRef))
+	}
+	stats, err := a.rdb.Info(ctx, "commandstats").Result()
+	require.NoError(t, err)
+	require.NotContains(t, stats, "cmdstat_ssubscribe")
 }

@@ -192,6 +192,7 @@ func (c *conns) end(ctx context.Context) {
 // round trip (see txn.read), and the session's end sends one only if a
 // WATCH is still live then. The connection never goes back to the pool
 // watching; Allocate gives it back before it waits for a gate (see try).
+// A session is used by one call, one transaction at a time.
 type session struct {
 	node *redis.Client
 	tx   *redis.Tx

@@ -209,7 +209,7 @@ func (r *runner) hold(ctx context.Context, local *Result, p *picker, rng *rand.R
 		local.Crashed++
 		return
 	}
-	Sleep(ctx, p.hold())
+	holdFor(ctx, p.hold())
 	// Stop using the key before the store may hand it on.
 	r.holders.Drop(i)
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)

@@ -335,6 +335,16 @@ func (b *Broker) allocate(ctx context.Context, req Request, model string) (Grant
 		return Grant{}, fmt.Errorf("%w: wait: this lease store cannot wait for a slot", optimistic.ErrInvalid)
 	}
 	until := time.Now().Add(req.Wait)
+	var st optimistic.Stats
+	if w.Waiting() == 0 {
+		// Nobody waits here: no need to listen for a free slot first (see
+		// optimistic.AllocateWaiting).
+		g, err := b.allocatePools(ctx, req, model)
+		if !optimistic.NotYet(err) {
+			return g, err
+		}
+		st.Add(g.Stats)
+	}
 	keys, err := b.servingKeys(ctx, req, model)
 	if err != nil {
 		return Grant{}, err
@@ -345,7 +355,6 @@ func (b *Broker) allocate(ctx context.Context, req Request, model string) (Grant
 	}
 	defer p.Leave()
 	var g Grant
-	var st optimistic.Stats
 	err = p.Retry(ctx, until, func(ctx context.Context) error {
 		var err error
 		g, err = b.allocatePools(ctx, req, model)

@@ -36,8 +36,9 @@ func (s Schema) Key(keyID string) string { return s.Prefix + ":key:{" + keyID + 
 func (s Schema) Leases(keyID string) string { return s.Key(keyID) + ":leases" }
 
 // Free is the sharded pub/sub channel told when a slot of the key may have
-// freed up (a release, say); it hashes to the key's slot, so a notice can
-// ride in the same MULTI on Redis Cluster.
+// freed up (a release, say); it hashes to the key's slot, so on Redis
+// Cluster the notice goes to the node that holds the key, in the same
+// round trip as the release.
 func (s Schema) Free(keyID string) string { return s.Key(keyID) + ":free" }
 
 // FreeKeyID returns the key id of a Free channel name.

@@ -38,7 +38,9 @@ func waits(t *testing.T, b Backend) {
 			got, _, err = b.Store.Allocate(ctx, waitReq(time.Minute))
 			done <- err
 		}()
-		// Released only once the caller waits: it must have found k full.
+		// Released once the caller is in line (it joins only after
+		// finding k full): whether it tries again before or after the
+		// release, it must end up with the slot.
 		require.Eventually(t, func() bool { return w.Waiting() == 1 }, 10*time.Second, time.Millisecond)
 		require.NoError(t, releaser.Release(ctx, held.LeaseRef))
 		require.NoError(t, <-done)
