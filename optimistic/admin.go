@@ -47,13 +47,13 @@ func (s *Store) SyncKey(ctx context.Context, k KeyState) error {
 		if oldProvider != "" && (oldProvider != k.Provider || oldPool != k.Pool) {
 			p.ZRem(ctx, s.keys.Pool(oldProvider, oldPool), k.ID)
 		}
-		// A limit raised or a key made usable frees slots: callers
-		// waiting on it look again.
-		s.notify(ctx, p, k.ID)
+		// A limit raised or a key made usable may free several slots:
+		// every caller waiting on it looks again.
+		p.Do(ctx, s.notice(k.ID, true)...)
 		return nil
 	})
 	if err == nil {
-		s.queue.Wake(k.ID)
+		s.queue.WakeAll(k.ID)
 	}
 	return Classify(ctx, "sync key", s.markPartial(ctx, err))
 }
@@ -138,10 +138,8 @@ func (s *Store) dropLeases(ctx context.Context, keyID string, withKey bool) (int
 		// Outside the MULTI, which Redis Cluster would refuse whole while
 		// the key's slot migrates; an admin action can afford the round
 		// trip. Lost, it costs waiters elsewhere a poll.
-		_ = s.rdb.SPublish(ctx, s.keys.Free(keyID), s.id).Err()
-		for range ids {
-			s.queue.Wake(keyID)
-		}
+		_ = s.rdb.Do(ctx, s.notice(keyID, true)...).Err()
+		s.queue.WakeAll(keyID)
 	}
 	return len(ids), err
 }

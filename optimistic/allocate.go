@@ -187,7 +187,6 @@ type verdict struct {
 	pruned  int   // expired leases the commit removed
 	free    int64 // skipped: when it frees up (ms), 0 if never by itself
 	held    bool  // free is when a held lease ends
-	room    bool  // granted, with a slot left after it
 }
 
 // try reads one candidate (under WATCH, see decide), on c's connection,
@@ -238,11 +237,6 @@ func (a *allocation) try(ctx context.Context, c *conns, keyID string, wait bool)
 		a.grant(keyID, v.until, v.fence)
 		a.stats.Pruned += v.pruned
 		a.notes.won(keyID)
-		if v.room {
-			// Slots freed together (a raised limit, a clear-out) sent one
-			// notice: the next caller in line takes the next one.
-			a.queue.Wake(keyID)
-		}
 	}
 	if v.settled && !v.granted && err == nil {
 		a.notes.skipped(keyID)
@@ -366,7 +360,7 @@ func (a *allocation) take(ctx context.Context, t *txn, v verdict, keyID string, 
 			rs.FieldStatus, string(StatusAvailable), rs.FieldCooldown, "",
 			rs.FieldLastUsed, now, rs.FieldFence, fence},
 	)
-	v.pruned, v.room = len(ls.expired), ls.live+1 < k.limit
+	v.pruned = len(ls.expired)
 	return a.settle(ctx, t, v, body, until, fence)
 }
 

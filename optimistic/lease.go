@@ -100,7 +100,7 @@ func (s *Store) holder(ctx context.Context, rdb redis.UniversalClient, ref Lease
 func (s *Store) release(ctx context.Context, rdb redis.UniversalClient, ref LeaseRef) (freed bool, err error) {
 	leasesKey, m := s.keys.Leases(ref.KeyID), member(ref)
 	body := []cmd{{"time"}, {"zscore", leasesKey, m}, {"zrem", leasesKey, m}, {"del", s.keys.Lease(ref.KeyID, m)}}
-	notice := cmd{"spublish", s.keys.Free(ref.KeyID), s.id}
+	notice := s.notice(ref.KeyID, false)
 	var replies []any
 	if plain, ok := rdb.(*redis.Client); ok {
 		replies, _, _, err = s.multiThen(ctx, plain, body, notice)

@@ -81,6 +81,19 @@ func (q *Queue) Wake(keyID string) {
 	}
 }
 
+// WakeAll wakes every caller waiting on keyID: an event that may have
+// freed several slots at once (a raised limit, a clear-out).
+func (q *Queue) WakeAll(keyID string) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for _, p := range q.lines[keyID] {
+		select {
+		case p.wake <- keyID:
+		default:
+		}
+	}
+}
+
 // Len returns how many callers wait in line.
 func (q *Queue) Len() int {
 	q.mu.Lock()

@@ -44,6 +44,15 @@ func TestQueueWakesInArrivalOrder(t *testing.T) {
 	require.True(t, q.Join([]string{"k", "j"}).Behind(), "others wait on both its keys")
 }
 
+func TestQueueWakeAll(t *testing.T) {
+	var q Queue
+	a, b, c := q.Join([]string{"k"}), q.Join([]string{"k"}), q.Join([]string{"j"})
+	q.WakeAll("k")
+	require.True(t, woken(a))
+	require.True(t, woken(b))
+	require.False(t, woken(c))
+}
+
 func TestQueueLeavePassesWakeOn(t *testing.T) {
 	var q Queue
 	a, b := q.Join([]string{"k"}), q.Join([]string{"k"})

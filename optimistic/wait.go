@@ -2,6 +2,7 @@ package optimistic
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"time"
 
@@ -19,8 +20,8 @@ const subscribeTimeout = time.Second
 // Await joins this process's line of callers waiting for a slot on keyIDs
 // (see Waiter). Releases, lease clear-outs and syncs of a key, by this or
 // any other process, notify the key's sharded pub/sub channel (a SPUBLISH
-// in the same round trip, on the key's own slot, so it works on Redis
-// Cluster); this process listens on the channels of the keys its callers
+// to the key's own slot, so it works on Redis Cluster; a release sends it
+// right after its EXEC, in the same round trip); this process listens on the channels of the keys its callers
 // wait on, over connections of their own, outside the pool, and stops
 // when the last of them leaves. A release in this process wakes the next
 // caller at once, without the round trip. A notice lost with its
@@ -53,8 +54,8 @@ func (s *Store) Waiting() int { return s.queue.Len() }
 
 // AllocateWaiting is Allocate with req.Wait for a Waiter w: it joins w's
 // line on req's candidates and calls allocate, an Allocate that does not
-// wait, until it grants, fails otherwise than full, or req.Wait passes
-// (the last answer, full, then stands). The Stats add up every call's,
+// wait, until it grants, fails otherwise than "not yet" (NotYet), or
+// req.Wait passes (the last answer, full or contended, then stands). The Stats add up every call's,
 // with the time waited. It is how this package's Store and the SQLite
 // store wait alike.
 func AllocateWaiting(ctx context.Context, w Waiter, req AllocateRequest, allocate func(context.Context, AllocateRequest) (Lease, Stats, error)) (Lease, Stats, error) {
@@ -89,11 +90,19 @@ func AllocateWaiting(ctx context.Context, w Waiter, req AllocateRequest, allocat
 	return lease, st, err
 }
 
-// notify sends keyID's free-slot notice with the pipeline's other
-// commands, signed with this store's id so that its own listener can skip
-// it (a release here wakes the line directly).
-func (s *Store) notify(ctx context.Context, p redis.Pipeliner, keyID string) {
-	p.SPublish(ctx, s.keys.Free(keyID), s.id)
+// A free-slot notice's payload is the sending store's id, so that its own
+// listener can skip it (the sender wakes its line directly), followed by
+// noticeAll when the event may have freed several slots.
+const noticeAll = " all"
+
+// notice is keyID's free-slot notice for one freed slot, or for several
+// if all.
+func (s *Store) notice(keyID string, all bool) cmd {
+	payload := s.id
+	if all {
+		payload += noticeAll
+	}
+	return cmd{"spublish", s.keys.Free(keyID), payload}
 }
 
 // notices is a Store's listening on the free-slot channels of the keys
@@ -210,7 +219,13 @@ func (n *notices) read(s *Store, ps *redis.PubSub) {
 	for m := range ps.ChannelWithSubscriptions() {
 		switch m := m.(type) {
 		case *redis.Message:
-			if id, ok := rs.FreeKeyID(m.Channel); ok && m.Payload != s.id {
+			from, all := strings.CutSuffix(m.Payload, noticeAll)
+			id, ok := rs.FreeKeyID(m.Channel)
+			switch {
+			case !ok || from == s.id:
+			case all:
+				s.queue.WakeAll(id)
+			default:
 				s.queue.Wake(id)
 			}
 		case *redis.Subscription:

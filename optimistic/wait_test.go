@@ -308,8 +308,7 @@ func subscribed(s *Store, id string) bool {
 }
 
 // Slots freed at once, by a limit raised in another process, reach every
-// caller waiting for them, not only the one the single notice woke: each
-// grant that leaves room wakes the next caller.
+// caller waiting for them: the sync's notice wakes them all, not one.
 func TestRaisedLimitServesEveryWaiter(t *testing.T) {
 	a, b := waitStores(t, false)
 	ctx := t.Context()

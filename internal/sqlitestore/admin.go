@@ -33,8 +33,8 @@ ON CONFLICT (id) DO UPDATE SET
 		return err
 	})
 	if err == nil {
-		// A limit raised or a key made usable frees slots.
-		s.queue.Wake(k.ID)
+		// A limit raised or a key made usable may free several slots.
+		s.queue.WakeAll(k.ID)
 	}
 	return sqlitex.Classify(ctx, "sync key", err)
 }

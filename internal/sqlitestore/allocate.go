@@ -50,11 +50,6 @@ func (s *Store) allocate(ctx context.Context, req optimistic.AllocateRequest) (o
 	case c.lease.KeyID == "":
 		return optimistic.Lease{}, st, &c.full
 	}
-	if c.room {
-		// Slots freed together (a raised limit, a clear-out) woke one
-		// caller: the next in line takes the next one.
-		s.queue.Wake(c.lease.KeyID)
-	}
 	return c.lease, st, nil
 }
 
@@ -65,7 +60,6 @@ type claimed struct {
 	lease  optimistic.Lease
 	full   optimistic.CapacityError
 	pruned int
-	room   bool // a slot left on the lease's key after it
 }
 
 // claim is the body of Allocate's transaction. Like the Redis stores it
@@ -109,7 +103,6 @@ func (s *Store) claim(ctx context.Context, tx *sql.Tx, req optimistic.AllocateRe
 			Until:    fromMillis(until),
 			Fence:    fence,
 		}
-		c.room = k.live+1 < k.limit
 		return c, nil
 	}
 	return c, nil
