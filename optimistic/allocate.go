@@ -198,14 +198,21 @@ func (a *allocation) try(ctx context.Context, c *conns, keyID string, wait bool)
 	if wait {
 		c.end(ctx)
 	}
-	// Held off outside the key's turn: this process's other callers of
-	// the key consult the same note, and may try other keys meanwhile.
-	if err := a.holdOff(ctx, keyID, wait); err != nil {
-		return false, err
-	}
-	release, err := a.enter(ctx, keyID, wait)
-	if err != nil {
-		return false, err
+	// Held off outside the key's turn, so that this process's other
+	// callers of the key may try other keys meanwhile; and again once the
+	// turn is taken, for a hold-off that began while it was waited for.
+	var release func()
+	for {
+		if err := a.holdOff(ctx, keyID, wait); err != nil {
+			return false, err
+		}
+		if release, err = a.enter(ctx, keyID, wait); err != nil {
+			return false, err
+		}
+		if a.notes.until(keyID).IsZero() || a.pending == keyID {
+			break
+		}
+		release()
 	}
 	defer release()
 	a.stats.Attempts++

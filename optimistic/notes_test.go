@@ -154,3 +154,32 @@ func TestLostRaceTriesOthersFirst(t *testing.T) {
 	require.Equal(t, 1, st.Conflicts)
 	require.Equal(t, "cold", l.KeyID, "cold had room: no reason to wait for hot")
 }
+
+// A hold-off that begins while a caller waits for the key's turn (another
+// caller of the process lost a race meanwhile) is honoured once the turn
+// is taken: the caller reads the key only after it ends.
+func TestHoldOffBegunWhileWaitingForTurn(t *testing.T) {
+	srv := redistest.Start(t)
+	s, err := New(srv.Client(t), nil)
+	require.NoError(t, err)
+	ctx := t.Context()
+	require.NoError(t, s.SyncKey(ctx, KeyState{ID: "k", Provider: "openai", Pool: "default", Status: StatusAvailable, MaxConcurrentUses: 5}))
+	release, err := s.enter(ctx, "k", true)
+	require.NoError(t, err)
+	type result struct {
+		at  time.Time
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		_, _, err := s.Allocate(ctx, AllocateRequest{Provider: "openai", Pool: "default", Candidates: []string{"k"}, TTL: time.Minute})
+		done <- result{time.Now(), err}
+	}()
+	require.Eventually(t, func() bool { return s.gates.Users("k") == 2 }, 10*time.Second, time.Millisecond)
+	s.notes.hold("k", 20*time.Millisecond, 50*time.Millisecond)
+	until := s.notes.until("k")
+	release()
+	r := <-done
+	require.NoError(t, r.err)
+	require.False(t, r.at.Before(until), "read the key during the hold-off")
+}
