@@ -219,7 +219,8 @@ func (a internalAPI) report(c *gin.Context) {
 
 // waitFor is how long an allocate asking to wait may wait: at most until
 // a tenth of the time left before the request's deadline, kept for the
-// last try, so that a wait that runs out is a 429, not a timeout.
+// try in progress when the wait ends (no try starts after it), so that a
+// wait that runs out is a 429, not a timeout.
 func waitFor(ctx context.Context, wait time.Duration) time.Duration {
 	if dl, ok := ctx.Deadline(); ok && wait > 0 {
 		left := time.Until(dl)

@@ -365,3 +365,40 @@ func TestWaitingCallWithRoomSubscribesNothing(t *testing.T) {
 	require.NoError(t, err)
 	require.NotContains(t, stats, "cmdstat_ssubscribe")
 }
+
+// A notice lost with its connection (the network to the server cut while
+// a caller waits, and the release made meanwhile) costs the waiter a poll,
+// not the slot: it still gets the lease.
+func TestWaiterSurvivesCutSubscription(t *testing.T) {
+	srv := redistest.Start(t)
+	proxy := redistest.NewProxy(t, srv.Addr)
+	a, err := New(srv.Client(t), nil)
+	require.NoError(t, err)
+	cut := redis.NewClient(&redis.Options{Addr: proxy.Addr})
+	t.Cleanup(func() { _ = cut.Close() })
+	b, err := New(cut, nil)
+	require.NoError(t, err)
+	ctx := t.Context()
+	require.NoError(t, a.SyncKey(ctx, KeyState{ID: "k", Provider: "openai", Pool: "default", Status: StatusAvailable, MaxConcurrentUses: 1}))
+	held, _, err := a.Allocate(ctx, waitReq(0))
+	require.NoError(t, err)
+	type result struct {
+		lease Lease
+		err   error
+	}
+	done := make(chan result, 1)
+	go func() {
+		l, _, err := b.Allocate(ctx, waitReq(time.Minute))
+		done <- result{l, err}
+	}()
+	require.Eventually(t, func() bool { return parked(b) == 1 && subscribed(b, "k") }, 10*time.Second, time.Millisecond)
+	proxy.SetDown(true)
+	require.NoError(t, a.Release(ctx, held.LeaseRef)) // its notice finds no listener
+	proxy.SetDown(false)
+	r := <-done
+	require.NoError(t, r.err)
+	require.Equal(t, "k", r.lease.KeyID)
+	infos, err := a.Inspect(ctx, "k")
+	require.NoError(t, err)
+	require.Equal(t, 1, infos[0].Live)
+}

@@ -354,6 +354,11 @@ func failover(t *testing.T, acks int) int {
 	require.NoError(t, replica.Client(t).SlaveOf(t.Context(), "NO", "ONE").Err())
 	s.proxy.SetTarget(replica.Addr)
 	redistest.StartReplica(t, replica.Addr)
+	// The new replica has synced before the next grant asks it to
+	// acknowledge (a loaded machine may take longer than WAIT's timeout).
+	n, err := replica.Client(t).Do(t.Context(), "wait", 1, 10000).Int()
+	require.NoError(t, err)
+	require.Equal(t, 1, n, "the new replica joined")
 
 	second, _, g := s.internal(t, "allocate-key", body)
 	require.Equal(t, http.StatusOK, second, "the promoted replica grants: %v", g)
