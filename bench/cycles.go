@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -160,6 +161,7 @@ func drive(ctx context.Context, svcs []*service, spec workload.Spec, ids []strin
 	}
 	callers := make([]*caller, spec.Workers)
 	dials := totalDials(svcs)
+	conflicts, cerr := totalConflicts(ctx, svcs)
 	start := time.Now()
 	deadline := start.Add(spec.Duration)
 	var wg sync.WaitGroup
@@ -190,7 +192,27 @@ func drive(ctx context.Context, svcs []*service, spec workload.Spec, ids []strin
 	run.CyclesPerSec = float64(run.Cycles) / elapsed.Seconds()
 	run.Dials = totalDials(svcs) - dials
 	run.AllocateLatency, run.ReportLatency = latency(out.allocLat), latency(out.reportLat)
+	after, err := totalConflicts(ctx, svcs)
+	if err = cmp.Or(cerr, err); err != nil {
+		run.FirstError = cmp.Or(run.FirstError, err.Error())
+	} else {
+		run.Conflicts = new(after - conflicts)
+	}
 	return run
+}
+
+// totalConflicts is the allocation attempts of svcs that lost a race so
+// far, from their metrics.
+func totalConflicts(ctx context.Context, svcs []*service) (int64, error) {
+	var n int64
+	for _, s := range svcs {
+		c, err := s.conflicts(ctx)
+		if err != nil {
+			return 0, err
+		}
+		n += c
+	}
+	return n, nil
 }
 
 // totalDials is the connections opened to any of svcs so far.

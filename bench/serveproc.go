@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -277,6 +278,29 @@ func (s *service) do(ctx context.Context, method, path, header, key string, body
 	defer resp.Body.Close()
 	out, err := io.ReadAll(resp.Body)
 	return resp.StatusCode, out, err
+}
+
+// conflicts reads the service's count of allocation attempts that lost a
+// race (credpool_allocate_conflicts_total) from its metrics.
+func (s *service) conflicts(ctx context.Context) (int64, error) {
+	code, out, err := s.do(ctx, http.MethodGet, "/metrics", "", "", nil)
+	if err == nil && code != http.StatusOK {
+		err = fmt.Errorf("%d", code)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("bench: read metrics: %w", err)
+	}
+	const name = "credpool_allocate_conflicts_total "
+	for line := range strings.Lines(string(out)) {
+		if v, ok := strings.CutPrefix(line, name); ok {
+			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			if err != nil {
+				return 0, fmt.Errorf("bench: read metrics: %s: %w", strings.TrimSpace(line), err)
+			}
+			return int64(f), nil
+		}
+	}
+	return 0, fmt.Errorf("bench: read metrics: no %s", strings.TrimSpace(name))
 }
 
 // call is do on the internal API.

@@ -381,6 +381,9 @@ func callersOf(i, n, workers int) int {
 func serviceSummary(r report.ServiceRun) string {
 	s := fmt.Sprintf("%.0f cycles/s, allocate p50 %.2fms p99 %.2fms, %d of %d allocates 200",
 		r.CyclesPerSec, r.AllocateLatency.P50, r.AllocateLatency.P99, r.AllocateStatus["200"], r.AllocateCalls)
+	if r.Conflicts != nil && r.Cycles > 0 {
+		s += fmt.Sprintf(", %.2f conflicts/cycle", float64(*r.Conflicts)/float64(r.Cycles))
+	}
 	if !r.Audit.OK() {
 		s += ", OVERSOLD"
 	}

@@ -93,18 +93,15 @@ type allocation struct {
 }
 
 // pass tries a.todo in order. A candidate that another call of this
-// process is working on right now (its gate is taken) is tried after all
-// the others, waiting for its turn then. It returns nil with a.lease set,
+// process is working on right now (its gate is taken), or that this
+// process holds off, is tried after all the others; the call waits for
+// its turn only when every candidate left is busy so, and then for the
+// first of them. It returns nil with a.lease set,
 // a *CapacityError when every candidate was full or unusable, or
 // an ErrConflict or errRecheck to pause and try a.todo again: the
 // candidates set aside after conflicts, or first the one whose EXEC reply
 // was lost, so that it is rechecked before any other can grant.
 func (a *allocation) pass(ctx context.Context) error {
-	type step struct {
-		keyID string
-		wait  bool // for the gate; else skip the key while it is taken
-		lost  bool // lost a race in this pass already
-	}
 	queue := make([]step, len(a.todo))
 	for i, id := range a.todo {
 		// A key whose EXEC reply was lost is waited for, never skipped:
@@ -115,13 +112,26 @@ func (a *allocation) pass(ctx context.Context) error {
 	// Candidates read one after the other share a connection (see session).
 	var c conns
 	defer c.end(ctx)
+	// busy counts the keys to wait for that were found still busy, one
+	// after the other: only once every key left is, does the call wait,
+	// for the one likely to come free first (see soonest).
+	busy := 0
 	for i := 0; i < len(queue); i++ {
+		wait := queue[i].wait && (queue[i].keyID == a.pending || busy >= len(queue)-i)
+		if wait && queue[i].keyID != a.pending {
+			j := i + a.soonest(queue[i:])
+			queue[i], queue[j] = queue[j], queue[i]
+		}
 		keyID := queue[i].keyID
-		granted, err := a.try(ctx, &c, keyID, queue[i].wait)
+		granted, err := a.try(ctx, &c, keyID, wait)
 		if errors.Is(err, errGateBusy) {
+			if queue[i].wait {
+				busy++
+			}
 			queue = append(queue, step{keyID: keyID, wait: true, lost: queue[i].lost})
 			continue
 		}
+		busy = 0
 		if errors.Is(err, ErrConflict) && !queue[i].lost && a.pending != keyID {
 			// Someone just committed on this key; it may still have room.
 			// It is tried again after the others, once this process's
@@ -190,29 +200,30 @@ type verdict struct {
 }
 
 // try reads one candidate (under WATCH, see decide), on c's connection,
-// and claims a slot if it has one. Unless wait, it returns errGateBusy at once, having
-// done nothing, if another call of this process holds the key's gate; if
-// wait, c's connection is given back first, as nothing may hold one while
-// it waits.
+// and claims a slot if it has one. Unless wait, it returns errGateBusy at
+// once, having done nothing, if another call of this process holds the
+// key's gate or this process holds the key off; if wait, it waits for
+// both (c's connection given back first, as nothing may hold one while
+// it waits), and returns errGateBusy, having done nothing, if a hold-off
+// began while it waited for the gate.
 func (a *allocation) try(ctx context.Context, c *conns, keyID string, wait bool) (granted bool, err error) {
 	if wait {
 		c.end(ctx)
 	}
 	// Held off outside the key's turn, so that this process's other
-	// callers of the key may try other keys meanwhile; and again once the
-	// turn is taken, for a hold-off that began while it was waited for.
-	var release func()
-	for {
-		if err := a.holdOff(ctx, keyID, wait); err != nil {
-			return false, err
-		}
-		if release, err = a.enter(ctx, keyID, wait); err != nil {
-			return false, err
-		}
-		if a.notes.until(keyID).IsZero() || a.pending == keyID {
-			break
-		}
+	// callers of the key may try other keys meanwhile.
+	if err := a.holdOff(ctx, keyID, wait); err != nil {
+		return false, err
+	}
+	release, err := a.enter(ctx, keyID, wait)
+	if err != nil {
+		return false, err
+	}
+	if !a.notes.until(keyID).IsZero() && a.pending != keyID {
+		// A hold-off began while the turn was waited for: the pass
+		// picks again, among the other candidates first.
 		release()
+		return false, errGateBusy
 	}
 	defer release()
 	a.stats.Attempts++
@@ -249,6 +260,31 @@ func (a *allocation) try(ctx context.Context, c *conns, keyID string, wait bool)
 		a.notes.skipped(keyID)
 	}
 	return v.granted, err
+}
+
+// step is one candidate to try in a pass.
+type step struct {
+	keyID string
+	wait  bool // for the gate; else skip the key while it is taken
+	lost  bool // lost a race in this pass already
+}
+
+// soonest returns the index of the step, of steps that all wait for a
+// busy key, whose key is likely to come free first: the first that only
+// waits for its turn (another call of this process is trying it: a round
+// trip or two), else the one whose hold-off ends first.
+func (a *allocation) soonest(steps []step) int {
+	best, bestUntil := 0, time.Time{}
+	for i, s := range steps {
+		until := a.notes.until(s.keyID)
+		if until.IsZero() {
+			return i
+		}
+		if bestUntil.IsZero() || until.Before(bestUntil) {
+			best, bestUntil = i, until
+		}
+	}
+	return best
 }
 
 // holdOff keeps the call off keyID while this process is held off it

@@ -3,11 +3,13 @@ package optimistic
 import (
 	"context"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/credpool/credpool/test/redistest"
@@ -182,4 +184,64 @@ func TestHoldOffBegunWhileWaitingForTurn(t *testing.T) {
 	r := <-done
 	require.NoError(t, r.err)
 	require.False(t, r.at.Before(until), "read the key during the hold-off")
+}
+
+// A call whose candidates are all busy waits for the one likely to come
+// free first: a key whose turn another caller holds, rather than one this
+// process holds off, whatever their order; and a hold-off that begins
+// while it waits for a key's turn sends it to the other candidates.
+func TestBusyCandidatesWaitForTheSoonest(t *testing.T) {
+	srv := redistest.Start(t)
+	s, err := New(srv.Client(t), nil)
+	require.NoError(t, err)
+	ctx := t.Context()
+	for _, id := range []string{"a", "b"} {
+		require.NoError(t, s.SyncKey(ctx, KeyState{ID: id, Provider: "openai", Pool: "default", Status: StatusAvailable, MaxConcurrentUses: 5}))
+	}
+	req := AllocateRequest{Provider: "openai", Pool: "default", Candidates: []string{"a", "b"}, TTL: time.Minute}
+	allocate := func() <-chan Lease {
+		got := make(chan Lease, 1)
+		go func() {
+			l, _, err := s.Allocate(ctx, req)
+			assert.NoError(t, err)
+			got <- l
+		}()
+		return got
+	}
+
+	t.Run("held off", func(t *testing.T) {
+		s.notes.hold("a", time.Second, 5*time.Second)
+		release := s.enterOnce(t, "b")
+		got := allocate()
+		require.Eventually(t, func() bool { return s.gates.Users("b") == 2 }, 10*time.Second, time.Millisecond)
+		release()
+		l := <-got
+		require.Equal(t, "b", l.KeyID)
+		require.False(t, s.notes.until("a").IsZero(), "granted before the hold-off on a ended")
+		require.NoError(t, s.Release(ctx, l.LeaseRef))
+		s.notes.won("a")
+	})
+
+	t.Run("held off while waiting for the turn", func(t *testing.T) {
+		releaseA, releaseB := s.enterOnce(t, "a"), s.enterOnce(t, "b")
+		got := allocate()
+		require.Eventually(t, func() bool { return s.gates.Users("a") == 2 }, 10*time.Second, time.Millisecond)
+		s.notes.hold("a", time.Second, 5*time.Second)
+		releaseA()
+		require.Eventually(t, func() bool { return s.gates.Users("b") == 2 }, 10*time.Second, time.Millisecond)
+		releaseB()
+		l := <-got
+		require.Equal(t, "b", l.KeyID)
+		require.False(t, s.notes.until("a").IsZero(), "granted before the hold-off on a ended")
+	})
+}
+
+// enterOnce takes keyID's gate and returns its release, which may be
+// called more than once: the test's end calls it too.
+func (s *Store) enterOnce(t *testing.T, keyID string) func() {
+	release, err := s.enter(t.Context(), keyID, true)
+	require.NoError(t, err)
+	once := sync.OnceFunc(release)
+	t.Cleanup(once)
+	return once
 }

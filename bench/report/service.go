@@ -105,6 +105,10 @@ type ServiceRun struct {
 	// are opened before it, so anything above zero is connection set-up
 	// measured.
 	Dials int64 `json:"dials"`
+	// Conflicts counts the allocation attempts, in all the instances the
+	// run used, that lost a race and were tried again (their metrics); nil
+	// if they could not be read.
+	Conflicts *int64 `json:"conflicts,omitempty"`
 	// AllocateLatency is over allocates answered 200, ReportLatency over
 	// reports answered 200: request sent to answer read.
 	AllocateLatency Latency `json:"allocate_latency_ms"`
@@ -113,6 +117,14 @@ type ServiceRun struct {
 	// service has no store-state check.
 	Audit      Audit  `json:"audit"`
 	FirstError string `json:"first_error,omitempty"`
+}
+
+// conflictsPerCycle is Conflicts per cycle, "-" if unknown.
+func (s ServiceRun) conflictsPerCycle() string {
+	if s.Conflicts == nil || s.Cycles == 0 {
+		return "n/a"
+	}
+	return fmtFloat(float64(*s.Conflicts) / float64(s.Cycles))
 }
 
 // Spread is one figure over repeated runs: the median and the range.
@@ -313,10 +325,10 @@ func (r *ServiceReport) markdownMedians(b *strings.Builder) {
 
 func (r *ServiceReport) markdownReps(b *strings.Builder) {
 	b.WriteString("## Every repetition\n\n")
-	b.WriteString("Allocate and report answers by HTTP status; dials are connections opened during the run.\n\n")
+	b.WriteString("Allocate and report answers by HTTP status; dials are connections opened during the run; conflicts are the allocation attempts, in all the instances used, that lost a race (a WATCH abort, or a busy SQLite file) and were tried again.\n\n")
 	fewest, most := r.instanceRange()
 	head := []string{"store", "catalog", "instances", "limit", "workers", "rep", "first", "cycles/s", "allocate p50", "allocate p99",
-		"report p50", "report p99", "allocate answers", "report answers", "dials", "store grants/s", "store p99",
+		"report p50", "report p99", "allocate answers", "report answers", "dials", "conflicts/cycle", "store grants/s", "store p99",
 		"service/store"}
 	if fewest != most {
 		head = append(head, fmt.Sprintf("vs %d", fewest))
@@ -334,7 +346,7 @@ func (r *ServiceReport) markdownReps(b *strings.Builder) {
 				c.Strategy, c.Catalog, strconv.Itoa(c.Instances), strconv.Itoa(c.Limit), strconv.Itoa(c.Workers), strconv.Itoa(i + 1), first,
 				fmtRate(s.CyclesPerSec), fmtMs(s.AllocateLatency.P50), fmtMs(s.AllocateLatency.P99),
 				fmtMs(s.ReportLatency.P50), fmtMs(s.ReportLatency.P99), statuses(s.AllocateStatus),
-				statuses(s.ReportStatus), strconv.FormatInt(s.Dials, 10), fmtRate(rep.Store.GrantsPerSec),
+				statuses(s.ReportStatus), strconv.FormatInt(s.Dials, 10), s.conflictsPerCycle(), fmtRate(rep.Store.GrantsPerSec),
 				fmtMs(rep.Store.GrantLatency.P99), fmtPercent(rep.ShareOfStore),
 			}
 			if fewest != most {

@@ -37,6 +37,8 @@ func TestBenchServiceShortRun(t *testing.T) {
 			require.Equal(t, s.AllocateCalls, sum(maps.Values(s.AllocateStatus)), "%s rep %d: %v", c.Strategy, i, s.AllocateStatus)
 			require.Equal(t, s.ReportCalls, sum(maps.Values(s.ReportStatus)), "%s rep %d: %v", c.Strategy, i, s.ReportStatus)
 			require.Equal(t, s.Cycles, s.AllocateStatus["200"], "every grant became a cycle")
+			require.NotNil(t, s.Conflicts, "read from the service's metrics: %s", s.FirstError)
+			require.GreaterOrEqual(t, *s.Conflicts, int64(0))
 			require.True(t, s.Audit.OK(), "%+v", s.Audit)
 			require.Positive(t, r.Store.Counts.Grants)
 			require.True(t, r.Store.Audit.OK(), "%+v", r.Store.Audit)
@@ -57,6 +59,7 @@ func TestBenchServiceShortRun(t *testing.T) {
 	require.Contains(t, string(md), "**Oversell audit: passed.**")
 	require.Contains(t, string(md), "| store | catalog | instances | keys | limit | workers | reps × duration | cycles/s |")
 	require.Contains(t, string(md), "| sqlite | sqlite | 1 | 3 | 2 | 4 | 2 × 300ms |")
+	require.Contains(t, string(md), "| dials | conflicts/cycle | store grants/s |")
 }
 
 // A short service benchmark on a PostgreSQL catalog, a throwaway server
@@ -84,6 +87,7 @@ func TestBenchServicePostgresInstances(t *testing.T) {
 			require.Equal(t, s.Cycles, sum(slices.Values(s.InstanceCycles)))
 			require.Equal(t, s.AllocateCalls, sum(maps.Values(s.AllocateStatus)), "%v", s.AllocateStatus)
 			require.Equal(t, s.Cycles, s.AllocateStatus["200"], "every grant became a cycle")
+			require.NotNil(t, s.Conflicts, "summed over the instances' metrics: %s", s.FirstError)
 			require.True(t, s.Audit.OK(), "%+v", s.Audit)
 			require.Equal(t, fewest.Store, r.Store, "the instance counts share the repetition's store run")
 			require.True(t, r.Store.Audit.OK(), "%+v", r.Store.Audit)
