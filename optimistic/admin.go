@@ -53,6 +53,7 @@ func (s *Store) SyncKey(ctx context.Context, k KeyState) error {
 		return nil
 	})
 	if err == nil {
+		s.notes.freed(k.ID)
 		s.queue.WakeAll(k.ID)
 	}
 	return Classify(ctx, "sync key", s.markPartial(ctx, err))
@@ -139,6 +140,7 @@ func (s *Store) dropLeases(ctx context.Context, keyID string, withKey bool) (int
 		// the key's slot migrates; an admin action can afford the round
 		// trip. Lost, it costs waiters elsewhere a poll.
 		_ = s.rdb.Do(ctx, s.notice(keyID, true)...).Err()
+		s.notes.freed(keyID)
 		s.queue.WakeAll(keyID)
 	}
 	return len(ids), err

@@ -39,6 +39,7 @@ func (s *Store) Release(ctx context.Context, ref LeaseRef) error {
 	if freed {
 		// The next caller waiting here in line, at once: this store's
 		// own notice is ignored here.
+		s.notes.freed(ref.KeyID)
 		s.queue.Wake(ref.KeyID)
 	}
 	return Classify(ctx, "release", err)

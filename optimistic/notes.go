@@ -95,6 +95,18 @@ func (h *notes) skipped(keyID string) {
 	h.m[keyID] = o
 }
 
+// freed forgets that keyID was skipped: a slot on it was just freed, so
+// the next read takes it under WATCH at once, rather than first peeking
+// at what is now stale.
+func (h *notes) freed(keyID string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if o, ok := h.m[keyID]; ok {
+		o.skip = time.Time{}
+		h.m[keyID] = o
+	}
+}
+
 // skippedLately says whether keyID was skipped within skipFor.
 func (h *notes) skippedLately(keyID string) bool {
 	h.mu.Lock()

@@ -144,12 +144,17 @@ func (h afterReadOf) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 }
 
 // A key this process just skipped is read without WATCH while it stays
-// full: one round trip per call, no UNWATCH. Once it has room again, the
-// peek is followed by a read under WATCH and the grant's MULTI..EXEC; the
-// grant ends the note, so the next call on it reads under WATCH at once.
+// full: one round trip per call, no UNWATCH. Once another process freed a
+// slot, the peek is followed by a read under WATCH and the grant's
+// MULTI..EXEC; the grant ends the note, so the next call on it reads
+// under WATCH at once, and so does a call after this process's own
+// release on a key it skipped.
 func TestFullKeyIsPeekedAt(t *testing.T) {
-	rdb := redistest.Start(t).Client(t)
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
 	s, err := New(rdb, nil)
+	require.NoError(t, err)
+	other, err := New(srv.Client(t), nil)
 	require.NoError(t, err)
 	ctx := t.Context()
 	require.NoError(t, s.SyncKey(ctx, KeyState{ID: "k", Provider: "p", Pool: "default", Status: StatusAvailable, MaxConcurrentUses: 1}))
@@ -168,7 +173,7 @@ func TestFullKeyIsPeekedAt(t *testing.T) {
 	}
 	requireUnwatched(t, node, s.keys.Key("k"))
 
-	require.NoError(t, s.Release(ctx, held.LeaseRef))
+	require.NoError(t, other.Release(ctx, held.LeaseRef))
 	rt.Reset()
 	held, st, err := s.Allocate(ctx, req)
 	require.NoError(t, err)
@@ -178,7 +183,16 @@ func TestFullKeyIsPeekedAt(t *testing.T) {
 
 	require.NoError(t, s.Release(ctx, held.LeaseRef))
 	rt.Reset()
-	_, _, err = s.Allocate(ctx, req)
+	held, _, err = s.Allocate(ctx, req)
 	require.NoError(t, err)
 	require.Equal(t, int64(2), rt.Pipelines.Load(), "granted last time: read under WATCH at once")
+
+	_, _, err = s.Allocate(ctx, req)
+	require.ErrorIs(t, err, ErrNoCapacity)
+	require.True(t, s.notes.skippedLately("k"))
+	require.NoError(t, s.Release(ctx, held.LeaseRef))
+	rt.Reset()
+	_, _, err = s.Allocate(ctx, req)
+	require.NoError(t, err)
+	require.Equal(t, int64(2), rt.Pipelines.Load(), "released here since it was skipped: read under WATCH at once")
 }

@@ -224,8 +224,10 @@ func (n *notices) read(s *Store, ps *redis.PubSub) {
 			switch {
 			case !ok || from == s.id:
 			case all:
+				s.notes.freed(id)
 				s.queue.WakeAll(id)
 			default:
+				s.notes.freed(id)
 				s.queue.Wake(id)
 			}
 		case *redis.Subscription:
