@@ -160,8 +160,8 @@ func drive(ctx context.Context, svcs []*service, spec workload.Spec, ids []strin
 		d.index[id] = i
 	}
 	callers := make([]*caller, spec.Workers)
-	dials := totalDials(svcs)
 	conflicts, cerr := totalConflicts(ctx, svcs)
+	dials := totalDials(svcs)
 	start := time.Now()
 	deadline := start.Add(spec.Duration)
 	var wg sync.WaitGroup

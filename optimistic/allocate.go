@@ -96,7 +96,8 @@ type allocation struct {
 // process is working on right now (its gate is taken), or that this
 // process holds off, is tried after all the others; the call waits for
 // its turn only when every candidate left is busy so, and then for the
-// first of them. It returns nil with a.lease set,
+// one likely to come free first (see soonest). It returns nil with
+// a.lease set,
 // a *CapacityError when every candidate was full or unusable, or
 // an ErrConflict or errRecheck to pause and try a.todo again: the
 // candidates set aside after conflicts, or first the one whose EXEC reply
@@ -112,9 +113,9 @@ func (a *allocation) pass(ctx context.Context) error {
 	// Candidates read one after the other share a connection (see session).
 	var c conns
 	defer c.end(ctx)
-	// busy counts the keys to wait for that were found still busy, one
-	// after the other: only once every key left is, does the call wait,
-	// for the one likely to come free first (see soonest).
+	// busy counts the candidates found busy one after the other: only
+	// once every one left is, does the call wait, for the one likely to
+	// come free first (see soonest).
 	busy := 0
 	for i := 0; i < len(queue); i++ {
 		wait := queue[i].wait && (queue[i].keyID == a.pending || busy >= len(queue)-i)
@@ -125,9 +126,7 @@ func (a *allocation) pass(ctx context.Context) error {
 		keyID := queue[i].keyID
 		granted, err := a.try(ctx, &c, keyID, wait)
 		if errors.Is(err, errGateBusy) {
-			if queue[i].wait {
-				busy++
-			}
+			busy++
 			queue = append(queue, step{keyID: keyID, wait: true, lost: queue[i].lost})
 			continue
 		}

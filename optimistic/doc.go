@@ -64,7 +64,8 @@
 // Within one process, allocations on the same credential take turns (a
 // gate per key id), so a process's callers that pile onto a hot key do not
 // abort each other's EXECs. A caller that finds a candidate's gate taken
-// tries the other candidates first and waits for that one last.
+// tries the other candidates first; when all it has left are busy, it
+// waits for the one likely to come free first.
 // Options.NoGate turns the turns off (package internal/keygate keeps them,
 // and the benchmark's Lua baseline can take the same ones).
 //

@@ -209,9 +209,15 @@ func TestBusyCandidatesWaitForTheSoonest(t *testing.T) {
 		return got
 	}
 
+	// Held off for an hour: only the grant on b ends the call.
+	holdOff := func(t *testing.T) {
+		s.notes.hold("a", time.Hour, time.Hour)
+		t.Cleanup(func() { s.notes.won("a") })
+	}
+
 	t.Run("held off", func(t *testing.T) {
-		s.notes.hold("a", time.Second, 5*time.Second)
-		release := s.enterOnce(t, "b")
+		holdOff(t)
+		release := enterOnce(t, s, "b")
 		got := allocate()
 		require.Eventually(t, func() bool { return s.gates.Users("b") == 2 }, 10*time.Second, time.Millisecond)
 		release()
@@ -219,14 +225,13 @@ func TestBusyCandidatesWaitForTheSoonest(t *testing.T) {
 		require.Equal(t, "b", l.KeyID)
 		require.False(t, s.notes.until("a").IsZero(), "granted before the hold-off on a ended")
 		require.NoError(t, s.Release(ctx, l.LeaseRef))
-		s.notes.won("a")
 	})
 
 	t.Run("held off while waiting for the turn", func(t *testing.T) {
-		releaseA, releaseB := s.enterOnce(t, "a"), s.enterOnce(t, "b")
+		releaseA, releaseB := enterOnce(t, s, "a"), enterOnce(t, s, "b")
 		got := allocate()
 		require.Eventually(t, func() bool { return s.gates.Users("a") == 2 }, 10*time.Second, time.Millisecond)
-		s.notes.hold("a", time.Second, 5*time.Second)
+		holdOff(t)
 		releaseA()
 		require.Eventually(t, func() bool { return s.gates.Users("b") == 2 }, 10*time.Second, time.Millisecond)
 		releaseB()
@@ -236,12 +241,20 @@ func TestBusyCandidatesWaitForTheSoonest(t *testing.T) {
 	})
 }
 
-// enterOnce takes keyID's gate and returns its release, which may be
+// enterOnce takes keyID's gate in s and returns its release, which may be
 // called more than once: the test's end calls it too.
-func (s *Store) enterOnce(t *testing.T, keyID string) func() {
+func enterOnce(t *testing.T, s *Store, keyID string) func() {
+	t.Helper()
 	release, err := s.enter(t.Context(), keyID, true)
 	require.NoError(t, err)
 	once := sync.OnceFunc(release)
 	t.Cleanup(once)
 	return once
+}
+
+// skipNoted says whether s holds a skip note on keyID, however old.
+func skipNoted(s *Store, keyID string) bool {
+	s.notes.mu.Lock()
+	defer s.notes.mu.Unlock()
+	return !s.notes.m[keyID].skip.IsZero()
 }

@@ -148,7 +148,7 @@ func (h afterReadOf) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 // slot, the peek is followed by a read under WATCH and the grant's
 // MULTI..EXEC; the grant ends the note, so the next call on it reads
 // under WATCH at once, and so does a call after this process's own
-// release on a key it skipped.
+// release on a key it skipped; a sync or a clear-out ends the note too.
 func TestFullKeyIsPeekedAt(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
@@ -189,10 +189,21 @@ func TestFullKeyIsPeekedAt(t *testing.T) {
 
 	_, _, err = s.Allocate(ctx, req)
 	require.ErrorIs(t, err, ErrNoCapacity)
-	require.True(t, s.notes.skippedLately("k"))
+	require.True(t, skipNoted(s, "k"))
 	require.NoError(t, s.Release(ctx, held.LeaseRef))
+	require.False(t, skipNoted(s, "k"), "the release ended the skip note")
 	rt.Reset()
 	_, _, err = s.Allocate(ctx, req)
 	require.NoError(t, err)
 	require.Equal(t, int64(2), rt.Pipelines.Load(), "released here since it was skipped: read under WATCH at once")
+
+	s.notes.skipped("k")
+	require.NoError(t, s.SyncKey(ctx, KeyState{ID: "k", Provider: "p", Pool: "default", Status: StatusAvailable, MaxConcurrentUses: 2}))
+	require.False(t, skipNoted(s, "k"), "a sync ended the skip note")
+
+	s.notes.skipped("k")
+	n, err := s.ClearLeases(ctx, "k")
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	require.False(t, skipNoted(s, "k"), "a clear-out ended the skip note")
 }

@@ -59,10 +59,12 @@ func TestAwaitWokenByAnotherProcess(t *testing.T) {
 			// loaded machine may take longer, and a notice sent before it
 			// is lost (the poll would cover it, not this test).
 			require.Eventually(t, func() bool { return subscribed(b, "k") }, 10*time.Second, time.Millisecond)
+			b.notes.skipped("k")
 			require.NoError(t, a.Release(ctx, held.LeaseRef))
 			select {
 			case id := <-p.wake:
 				require.Equal(t, "k", id)
+				require.False(t, skipNoted(b, "k"), "the notice ended the skip note")
 			case <-time.After(10 * time.Second):
 				t.Fatal("no wake-up from the other store's release")
 			}

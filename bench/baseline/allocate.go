@@ -21,8 +21,8 @@ import (
 //
 // With Options.Gate, each run holds its candidate's turn in this process,
 // and a candidate whose turn another call holds is tried after the others,
-// waiting for it then, as the optimistic store does: the order is then a
-// preference, as there.
+// waiting for it then, as the optimistic store does for keys whose turn
+// is taken: the order is then a preference, as there.
 //
 // On error no lease is held, unless a granting run's reply was lost and
 // go-redis did not resend it; that lease expires by itself after TTL.

@@ -106,8 +106,8 @@ type ServiceRun struct {
 	// measured.
 	Dials int64 `json:"dials"`
 	// Conflicts counts the allocation attempts, in all the instances the
-	// run used, that lost a race and were tried again (their metrics); nil
-	// if they could not be read.
+	// run used, that lost a race (most were tried again), from their
+	// metrics; nil if they could not be read.
 	Conflicts *int64 `json:"conflicts,omitempty"`
 	// AllocateLatency is over allocates answered 200, ReportLatency over
 	// reports answered 200: request sent to answer read.
@@ -119,7 +119,7 @@ type ServiceRun struct {
 	FirstError string `json:"first_error,omitempty"`
 }
 
-// conflictsPerCycle is Conflicts per cycle, "-" if unknown.
+// conflictsPerCycle is Conflicts per cycle, "n/a" if unknown.
 func (s ServiceRun) conflictsPerCycle() string {
 	if s.Conflicts == nil || s.Cycles == 0 {
 		return "n/a"
@@ -325,7 +325,7 @@ func (r *ServiceReport) markdownMedians(b *strings.Builder) {
 
 func (r *ServiceReport) markdownReps(b *strings.Builder) {
 	b.WriteString("## Every repetition\n\n")
-	b.WriteString("Allocate and report answers by HTTP status; dials are connections opened during the run; conflicts are the allocation attempts, in all the instances used, that lost a race (a WATCH abort, or a busy SQLite file) and were tried again.\n\n")
+	b.WriteString("Allocate and report answers by HTTP status; dials are connections opened during the run; conflicts are the allocation attempts, in all the instances used, that lost a race (a WATCH abort, or a busy SQLite file; most were tried again).\n\n")
 	fewest, most := r.instanceRange()
 	head := []string{"store", "catalog", "instances", "limit", "workers", "rep", "first", "cycles/s", "allocate p50", "allocate p99",
 		"report p50", "report p99", "allocate answers", "report answers", "dials", "conflicts/cycle", "store grants/s", "store p99",

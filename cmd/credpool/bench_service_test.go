@@ -38,7 +38,6 @@ func TestBenchServiceShortRun(t *testing.T) {
 			require.Equal(t, s.ReportCalls, sum(maps.Values(s.ReportStatus)), "%s rep %d: %v", c.Strategy, i, s.ReportStatus)
 			require.Equal(t, s.Cycles, s.AllocateStatus["200"], "every grant became a cycle")
 			require.NotNil(t, s.Conflicts, "read from the service's metrics: %s", s.FirstError)
-			require.GreaterOrEqual(t, *s.Conflicts, int64(0))
 			require.True(t, s.Audit.OK(), "%+v", s.Audit)
 			require.Positive(t, r.Store.Counts.Grants)
 			require.True(t, r.Store.Audit.OK(), "%+v", r.Store.Audit)
