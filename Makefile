@@ -38,7 +38,7 @@ run:
 ## SQLite too (90 runs of 2s, about 4 minutes) into bench/results/open; then
 ## credpool serve against its lease store (SQLite, Redis) into
 ## bench/results/service, and 1 and 3 serve instances on one PostgreSQL
-## catalog into bench/results/service-postgres; then retrying against
+## catalog (9 runs each) into bench/results/service-postgres; then retrying against
 ## waiting callers (-callers retry,wait: in line for a slot up to 10s) on
 ## the optimistic store, hot and identical, limits 1 and 5, 1 and 4
 ## processes, 3 runs of 10s per cell (72 runs, about 13 minutes) into
@@ -50,7 +50,7 @@ bench: redis-server postgresql build
 	./credpool bench -strategies optimistic,optimistic-nogate,lua,lua+gate,sqlite -scenarios uniform,zipf,hot \
 		-workers 64 -limits 5 -procs 1 -rates 1000,4000 -duration 2s -out $(BENCH_OUT)/open
 	./credpool bench -service -out $(BENCH_OUT)/service
-	./credpool bench -service -catalog postgres -instances 1,3 -strategies optimistic -out $(BENCH_OUT)/service-postgres
+	./credpool bench -service -catalog postgres -instances 1,3 -strategies optimistic -reps 9 -out $(BENCH_OUT)/service-postgres
 	./credpool bench -callers retry,wait -strategies optimistic -scenarios hot,identical -workers 64 -limits 1,5 -procs 1,4 \
 		-duration 10s -out $(BENCH_OUT)/wait
 
