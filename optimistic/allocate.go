@@ -97,11 +97,11 @@ type allocation struct {
 // process holds off, is tried after all the others; the call waits for
 // its turn only when every candidate left is busy so, and then for the
 // one likely to come free first (see soonest). It returns nil with
-// a.lease set,
-// a *CapacityError when every candidate was full or unusable, or
-// an ErrConflict or errRecheck to pause and try a.todo again: the
-// candidates set aside after conflicts, or first the one whose EXEC reply
-// was lost, so that it is rechecked before any other can grant.
+// a.lease set, a *CapacityError when every candidate was full or
+// unusable, or an ErrConflict or errRecheck to pause and try a.todo
+// again: the candidates set aside after conflicts, or first the one whose
+// EXEC reply was lost, so that it is rechecked before any other can
+// grant.
 func (a *allocation) pass(ctx context.Context) error {
 	queue := make([]step, len(a.todo))
 	for i, id := range a.todo {
