@@ -3,6 +3,8 @@ package keygate
 import (
 	"context"
 	"fmt"
+	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -16,6 +18,22 @@ func waitUsers(t *testing.T, s *Set, key string, n int) {
 	t.Helper()
 	require.Eventually(t, func() bool { return s.Users(key) == n }, 10*time.Second, 100*time.Microsecond,
 		"%d users of %s", n, key)
+}
+
+// waitParked waits until n goroutines are parked in Enter, waiting for a
+// turn; the test fails if they never are.
+func waitParked(t *testing.T, n int) {
+	t.Helper()
+	buf := make([]byte, 1<<20)
+	require.Eventually(t, func() bool {
+		parked := 0
+		for g := range strings.SplitSeq(string(buf[:runtime.Stack(buf, true)]), "\n\n") {
+			if strings.Contains(g, "[select") && strings.Contains(g, "keygate.(*Set).Enter(") {
+				parked++
+			}
+		}
+		return parked == n
+	}, 10*time.Second, 100*time.Microsecond, "%d callers parked in Enter", n)
 }
 
 func TestTryEnterNeverWaits(t *testing.T) {
@@ -62,6 +80,9 @@ func TestEnterIsFirstComeFirstServed(t *testing.T) {
 			release()
 		})
 		waitUsers(t, &s, "k", i+2)
+		// Counted is not yet in line: each waiter must be parked before
+		// the next one starts, or two could swap places.
+		waitParked(t, i+1)
 	}
 	hold()
 	_, ok := s.TryEnter("k")
