@@ -2,6 +2,9 @@ package bench
 
 import (
 	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"testing"
 	"time"
 
@@ -143,4 +146,29 @@ func TestFailedWorkerStderrWhileWriting(t *testing.T) {
 	if p != nil {
 		_ = p.cmd.Wait()
 	}
+}
+
+// The conflicts count is read from the service's metrics, and a metrics
+// page without it, or no metrics page, is an error, never a zero.
+func TestServiceConflicts(t *testing.T) {
+	page := "# TYPE credpool_allocate_conflicts_total counter\ncredpool_allocate_conflicts_total 1.234567e+06\n"
+	code := http.StatusOK
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		require.Equal(t, "/metrics", r.URL.Path)
+		w.WriteHeader(code)
+		_, _ = io.WriteString(w, page)
+	}))
+	t.Cleanup(srv.Close)
+	s := &service{base: srv.URL, client: srv.Client()}
+	n, err := s.conflicts(t.Context())
+	require.NoError(t, err)
+	require.Equal(t, int64(1234567), n)
+
+	page = "# TYPE credpool_allocations_total counter\ncredpool_allocations_total{result=\"granted\"} 3\n"
+	_, err = s.conflicts(t.Context())
+	require.ErrorContains(t, err, "no credpool_allocate_conflicts_total")
+
+	code = http.StatusNotFound
+	_, err = s.conflicts(t.Context())
+	require.ErrorContains(t, err, "404")
 }

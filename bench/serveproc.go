@@ -15,11 +15,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 )
 
 const (
@@ -283,24 +286,23 @@ func (s *service) do(ctx context.Context, method, path, header, key string, body
 // conflicts reads the service's count of allocation attempts that lost a
 // race (credpool_allocate_conflicts_total) from its metrics.
 func (s *service) conflicts(ctx context.Context) (int64, error) {
+	const name = "credpool_allocate_conflicts_total"
 	code, out, err := s.do(ctx, http.MethodGet, "/metrics", "", "", nil)
 	if err == nil && code != http.StatusOK {
 		err = fmt.Errorf("%d", code)
 	}
+	var fams map[string]*dto.MetricFamily
+	if err == nil {
+		parser := expfmt.NewTextParser(model.UTF8Validation)
+		fams, err = parser.TextToMetricFamilies(bytes.NewReader(out))
+	}
+	if err == nil && len(fams[name].GetMetric()) != 1 {
+		err = fmt.Errorf("no %s", name)
+	}
 	if err != nil {
 		return 0, fmt.Errorf("bench: read metrics: %w", err)
 	}
-	const name = "credpool_allocate_conflicts_total "
-	for line := range strings.Lines(string(out)) {
-		if v, ok := strings.CutPrefix(line, name); ok {
-			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
-			if err != nil {
-				return 0, fmt.Errorf("bench: read metrics: %s: %w", strings.TrimSpace(line), err)
-			}
-			return int64(f), nil
-		}
-	}
-	return 0, fmt.Errorf("bench: read metrics: no %s", strings.TrimSpace(name))
+	return int64(fams[name].GetMetric()[0].GetCounter().GetValue()), nil
 }
 
 // call is do on the internal API.

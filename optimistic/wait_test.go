@@ -24,18 +24,23 @@ func waitStores(t *testing.T, cluster bool) (a, b *Store) {
 		addr = redistest.Start(t).Addr
 	}
 	open := func() *Store {
-		var rdb redis.UniversalClient = redis.NewClient(&redis.Options{Addr: addr})
 		if cluster {
-			rdb = redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{addr}})
+			return storeOn(t, redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{addr}}))
 		}
-		t.Cleanup(func() { _ = rdb.Close() })
-		s, err := New(rdb, nil)
-		require.NoError(t, err)
-		return s
+		return storeOn(t, redis.NewClient(&redis.Options{Addr: addr}))
 	}
 	a, b = open(), open()
 	require.NoError(t, a.SyncKey(t.Context(), KeyState{ID: "k", Provider: "openai", Pool: "default", Status: StatusAvailable, MaxConcurrentUses: 1}))
 	return a, b
+}
+
+// storeOn returns a store on rdb, which the test's end closes.
+func storeOn(t *testing.T, rdb redis.UniversalClient) *Store {
+	t.Helper()
+	t.Cleanup(func() { _ = rdb.Close() })
+	s, err := New(rdb, nil)
+	require.NoError(t, err)
+	return s
 }
 
 func waitReq(wait time.Duration) AllocateRequest {
@@ -223,10 +228,7 @@ func TestWaitNegativeIsInvalid(t *testing.T) {
 // the pool has connections, the store's other calls still get one.
 func TestWaitersHoldNoPooledConnection(t *testing.T) {
 	srv := redistest.Start(t)
-	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 2, PoolTimeout: 200 * time.Millisecond})
-	t.Cleanup(func() { _ = rdb.Close() })
-	s, err := New(rdb, nil)
-	require.NoError(t, err)
+	s := storeOn(t, redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 2, PoolTimeout: 200 * time.Millisecond}))
 	ctx := t.Context()
 	require.NoError(t, s.SyncKey(ctx, KeyState{ID: "k", Provider: "openai", Pool: "default", Status: StatusAvailable, MaxConcurrentUses: 1}))
 	held, _, err := s.Allocate(ctx, waitReq(0))
@@ -376,10 +378,7 @@ func TestWaiterSurvivesCutSubscription(t *testing.T) {
 	proxy := redistest.NewProxy(t, srv.Addr)
 	a, err := New(srv.Client(t), nil)
 	require.NoError(t, err)
-	cut := redis.NewClient(&redis.Options{Addr: proxy.Addr})
-	t.Cleanup(func() { _ = cut.Close() })
-	b, err := New(cut, nil)
-	require.NoError(t, err)
+	b := storeOn(t, redis.NewClient(&redis.Options{Addr: proxy.Addr}))
 	ctx := t.Context()
 	require.NoError(t, a.SyncKey(ctx, KeyState{ID: "k", Provider: "openai", Pool: "default", Status: StatusAvailable, MaxConcurrentUses: 1}))
 	held, _, err := a.Allocate(ctx, waitReq(0))
