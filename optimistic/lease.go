@@ -23,6 +23,9 @@ import (
 // One round trip: the owner is part of the lease's member and record names
 // (redisschema.Member), so one MULTI removing them can only hit this lease.
 // Only when it finds nothing does a second read tell unknown from mismatch.
+// Releases of concurrent callers to one server share that round trip
+// (see coalescer). If ctx ends before the answer, the lease may or may
+// not have been released.
 func (s *Store) Release(ctx context.Context, ref LeaseRef) error {
 	if err := ref.Validate(); err != nil {
 		return err
@@ -31,16 +34,10 @@ func (s *Store) Release(ctx context.Context, ref LeaseRef) error {
 	if err != nil {
 		return Classify(ctx, "release", err)
 	}
-	freed, err := s.release(ctx, rdb, ref)
+	err = s.release(ctx, rdb, ref)
 	if rerouted(err) {
 		// The slot moved or is moving: let the cluster client follow it.
-		freed, err = s.release(ctx, s.rdb, ref)
-	}
-	if freed {
-		// The next caller waiting here in line, at once: this store's
-		// own notice is ignored here.
-		s.notes.freed(ref.KeyID)
-		s.queue.Wake(ref.KeyID)
+		err = s.release(ctx, s.rdb, ref)
 	}
 	return Classify(ctx, "release", err)
 }
@@ -94,37 +91,53 @@ func (s *Store) holder(ctx context.Context, rdb redis.UniversalClient, ref Lease
 }
 
 // release removes ref's member and record in one MULTI, which names them
-// by owner (see Release), and says whether it freed a slot; TIME and
-// ZSCORE ride along to tell a live lease from one that had expired. The key's free-slot notice (see Await)
+// by owner (see Release); TIME and ZSCORE ride along to tell a live lease
+// from one that had expired. The key's free-slot notice (see Await)
 // follows EXEC in the same round trip, outside the transaction: inside,
 // Redis Cluster would refuse the whole MULTI while the key's slot moves.
-func (s *Store) release(ctx context.Context, rdb redis.UniversalClient, ref LeaseRef) (freed bool, err error) {
+// On a plain client (a server, a cluster's master) the round trip is
+// shared with other callers' releases (see coalescer). A slot it freed
+// wakes the next caller waiting here in line at once (this store's own
+// notice is ignored here), even if the caller's ctx ended meanwhile.
+func (s *Store) release(ctx context.Context, rdb redis.UniversalClient, ref LeaseRef) error {
 	leasesKey, m := s.keys.Leases(ref.KeyID), member(ref)
 	body := []cmd{{"time"}, {"zscore", leasesKey, m}, {"zrem", leasesKey, m}, {"del", s.keys.Lease(ref.KeyID, m)}}
 	notice := s.notice(ref.KeyID, false)
-	var replies []any
+	settled := func(replies []any, err error) {
+		if err != nil {
+			return
+		}
+		if removed, _ := replies[2].(int64); removed == 1 {
+			s.notes.freed(ref.KeyID)
+			s.queue.Wake(ref.KeyID)
+		}
+	}
+	var (
+		replies []any
+		err     error
+	)
 	if plain, ok := rdb.(*redis.Client); ok {
-		replies, _, _, err = s.multiThen(ctx, plain, body, notice)
+		replies, err = s.releases.do(ctx, plain, body, notice, settled)
 	} else if replies, err = txPipelinedDo(ctx, rdb, body); err == nil {
 		// A client that routes commands itself: the notice goes alone.
 		_ = rdb.Do(ctx, notice...).Err()
+		settled(replies, nil)
 	}
 	if err != nil {
-		return false, err
+		return err
 	}
-	removed, _ := replies[2].(int64)
-	if removed == 0 {
-		return false, s.lost(ctx, rdb, ref)
+	if removed, _ := replies[2].(int64); removed == 0 {
+		return s.lost(ctx, rdb, ref)
 	}
 	now, ok := replyMillis(replies[0])
 	score, _ := replyFloat(replies[1])
 	switch {
 	case !ok:
-		return true, fmt.Errorf("optimistic: release: unexpected TIME reply %v", replies[0])
+		return fmt.Errorf("optimistic: release: unexpected TIME reply %v", replies[0])
 	case int64(score) <= now:
-		return true, NotHeld(ref.LeaseID, LostExpired)
+		return NotHeld(ref.LeaseID, LostExpired)
 	}
-	return true, nil
+	return nil
 }
 
 // replyMillis reads a TIME reply inside EXEC's: seconds and microseconds,

@@ -33,57 +33,81 @@ var errUnreplicated = errors.New("optimistic: too few replicas acknowledged the 
 // can follow EXEC in the same round trip, which go-redis's TxPipelined
 // cannot do; each queued command answers QUEUED, and EXEC the results.
 func (s *Store) multi(ctx context.Context, c pipeliner, body []cmd) (replies []any, ran bool, err error) {
-	var wait cmd
+	t := txCall{body: body}
 	if s.opts.MinReplicas > 0 {
-		wait = s.waitArgs()
+		t.then = s.waitArgs()
 	}
-	replies, ran, ack, err := s.multiThen(ctx, c, body, wait)
-	if err == nil && ack != nil {
-		err = s.acked(ack)
+	// The pipeline's own error is the first command's: EXEC's and WAIT's
+	// are read by result and acked.
+	_, _ = c.Pipelined(ctx, func(p redis.Pipeliner) error {
+		t.queue(ctx, p)
+		return nil
+	})
+	replies, ran, err = t.result()
+	if err == nil && t.after != nil {
+		err = s.acked(t.after)
 	}
 	return replies, ran, err
 }
 
-// multiThen is multi with then (unless nil) in WAIT's place: a command
-// sent after EXEC in the same round trip, returned unread.
-func (s *Store) multiThen(ctx context.Context, c pipeliner, body []cmd, then cmd) (replies []any, ran bool, after *redis.Cmd, err error) {
-	var (
-		queued = make([]redis.Cmder, len(body))
-		exec   *redis.Cmd
-	)
-	// The pipeline's own error is the first command's: EXEC's and then's
-	// are read below.
-	_, _ = c.Pipelined(ctx, func(p redis.Pipeliner) error {
-		p.Do(ctx, "multi")
-		for i, c := range body {
-			queued[i] = p.Do(ctx, c...)
-		}
-		exec = p.Do(ctx, "exec")
-		if then != nil {
-			after = p.Do(ctx, then...)
-		}
-		return nil
-	})
-	switch err := exec.Err(); {
+// txCall is one MULTI, body, EXEC and then (unless nil), as plain commands
+// in a pipeline that may hold others (see coalescer). Its commands are
+// never sent twice (see onceCmd): go-redis would resend a pipeline whose
+// replies the network lost, and a transaction that ran would then run
+// again, on what it read before, or report a release it made as unknown.
+type txCall struct {
+	body   []cmd
+	then   cmd
+	queued []redis.Cmder
+	exec   *redis.Cmd
+	after  *redis.Cmd
+}
+
+// queue adds the transaction to p.
+func (t *txCall) queue(ctx context.Context, p redis.Pipeliner) {
+	add := func(args ...any) *redis.Cmd {
+		c := onceCmd{redis.NewCmd(ctx, args...)}
+		_ = p.Process(ctx, c)
+		return c.Cmd
+	}
+	add("multi")
+	t.queued = make([]redis.Cmder, len(t.body))
+	for i, c := range t.body {
+		t.queued[i] = add(c...)
+	}
+	t.exec = add("exec")
+	if t.then != nil {
+		t.after = add(t.then...)
+	}
+}
+
+// result reads EXEC's replies once the pipeline ran, and whether it ran,
+// as multi says.
+func (t *txCall) result() (replies []any, ran bool, err error) {
+	switch err := t.exec.Err(); {
 	case errors.Is(err, redis.Nil):
-		return nil, true, after, redis.TxFailedErr
+		return nil, true, redis.TxFailedErr
 	case redis.IsExecAbortError(err):
-		return nil, true, after, aborted(err, queued)
+		return nil, true, aborted(err, t.queued)
 	case rerouted(err):
 		// EXEC itself refused for the slot: the transaction and its WATCH
 		// were discarded.
-		return nil, true, after, err
+		return nil, true, err
 	case err != nil:
 		// Sent or not, ran or not: the caller cannot know.
-		return nil, false, after, err
+		return nil, false, err
 	}
-	replies, _ = exec.Val().([]any)
+	replies, ok := t.exec.Val().([]any)
+	if !ok || len(replies) != len(t.body) {
+		// Not EXEC's answer (the pipeline failed as a whole, say).
+		return nil, false, fmt.Errorf("optimistic: unexpected EXEC reply %v", t.exec.Val())
+	}
 	for _, r := range replies {
 		if rerr, ok := r.(error); ok {
-			return replies, true, after, rerr
+			return replies, true, rerr
 		}
 	}
-	return replies, true, after, nil
+	return replies, true, nil
 }
 
 // txPipelined runs body as MULTI/EXEC on tx through go-redis's own

@@ -133,6 +133,8 @@ type Store struct {
 	cluster bool
 	// notes is what Allocate learned of keys from its last attempts.
 	notes notes
+	// releases sends concurrent releases to a server together.
+	releases coalescer
 }
 
 // New returns a Store over rdb: a standalone, Sentinel (failover) or Cluster

@@ -172,50 +172,61 @@ func TestWaitersServedInArrivalOrder(t *testing.T) {
 	require.NoError(t, s.Release(ctx, held.LeaseRef))
 }
 
-// Many callers in two processes cycling allocate (waiting), hold, release
-// on keys of limit 2: never more holders than the limit, and everyone is
-// served.
+// Many callers in one or two processes cycling allocate (waiting), hold,
+// release on a key of limit 2: never more holders than the limit, never a
+// fence twice, and everyone is served.
 func TestWaitingNeverOversells(t *testing.T) {
 	a, b := waitStores(t, false)
 	ctx := t.Context()
 	require.NoError(t, a.SyncKey(ctx, KeyState{ID: "k", Provider: "openai", Pool: "default", Status: StatusAvailable, MaxConcurrentUses: 2}))
-	var (
-		mu      sync.Mutex
-		holders int
-		most    int
-	)
-	errs := make(chan error, 16)
-	var wg sync.WaitGroup
-	for i := range 16 {
-		s := []*Store{a, b}[i%2]
-		wg.Go(func() {
-			for range 10 {
-				l, _, err := s.Allocate(ctx, waitReq(30*time.Second))
-				if err != nil {
-					errs <- err
-					return
-				}
-				mu.Lock()
-				holders++
-				most = max(most, holders)
-				mu.Unlock()
-				time.Sleep(time.Millisecond)
-				mu.Lock()
-				holders--
-				mu.Unlock()
-				if err := s.Release(ctx, l.LeaseRef); err != nil {
-					errs <- err
-					return
-				}
+	for _, c := range []struct {
+		name   string
+		stores []*Store
+	}{{"one process", []*Store{a}}, {"two processes", []*Store{a, b}}} {
+		stores := c.stores
+		t.Run(c.name, func(t *testing.T) {
+			var (
+				mu      sync.Mutex
+				holders int
+				most    int
+				fences  = map[int64]int{}
+			)
+			errs := make(chan error, 16)
+			var wg sync.WaitGroup
+			for i := range 16 {
+				s := stores[i%len(stores)]
+				wg.Go(func() {
+					for range 10 {
+						l, _, err := s.Allocate(ctx, waitReq(30*time.Second))
+						if err != nil {
+							errs <- err
+							return
+						}
+						mu.Lock()
+						holders++
+						most = max(most, holders)
+						fences[l.Fence]++
+						mu.Unlock()
+						time.Sleep(time.Millisecond)
+						mu.Lock()
+						holders--
+						mu.Unlock()
+						if err := s.Release(ctx, l.LeaseRef); err != nil {
+							errs <- err
+							return
+						}
+					}
+				})
 			}
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				require.NoError(t, err)
+			}
+			require.LessOrEqual(t, most, 2)
+			require.Len(t, fences, 16*10, "a fence handed out twice")
 		})
 	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		require.NoError(t, err)
-	}
-	require.LessOrEqual(t, most, 2)
 }
 
 func TestWaitNegativeIsInvalid(t *testing.T) {
