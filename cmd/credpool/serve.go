@@ -40,6 +40,7 @@ type serveConfig struct {
 	dev          bool
 	demo         bool
 	readTimeout  time.Duration
+	reqTimeout   time.Duration
 	idleTimeout  time.Duration
 	maxLease     time.Duration
 	minReplicas  int
@@ -62,6 +63,7 @@ var serveEnv = []struct{ flag, env string }{
 	{"weights", "CREDPOOL_WEIGHTS"},
 	{"pool-fallback", "CREDPOOL_POOL_FALLBACK"},
 	{"read-timeout", "CREDPOOL_READ_TIMEOUT"},
+	{"request-timeout", "CREDPOOL_REQUEST_TIMEOUT"},
 	{"idle-timeout", "CREDPOOL_IDLE_TIMEOUT"},
 	{"max-lease", "CREDPOOL_MAX_LEASE"},
 	{"redis-min-replicas", "CREDPOOL_REDIS_MIN_REPLICAS"},
@@ -83,6 +85,7 @@ func parseServe(args []string) (serveConfig, error) {
 	fs.BoolVar(&c.dev, "dev", false, "development mode: generate missing internal/admin keys and print them once")
 	fs.BoolVar(&c.demo, "demo", false, "seed a small demo pool into an empty catalog (fake secrets)")
 	fs.DurationVar(&c.readTimeout, "read-timeout", 10*time.Second, "longest a client may take to send a whole request, body included (env CREDPOOL_READ_TIMEOUT)")
+	fs.DurationVar(&c.reqTimeout, "request-timeout", 10*time.Second, "longest one request's work may take, store and catalog retries included; a 1,000-key bulk put on a slow disk may need more (env CREDPOOL_REQUEST_TIMEOUT)")
 	fs.DurationVar(&c.idleTimeout, "idle-timeout", 60*time.Second, "longest an idle keep-alive connection stays open (env CREDPOOL_IDLE_TIMEOUT)")
 	fs.DurationVar(&c.maxLease, "max-lease", broker.DefaultMaxLease, "longest lease granted or renewed to; also how long a key the lease store lost is held back (env CREDPOOL_MAX_LEASE)")
 	fs.IntVar(&c.minReplicas, "redis-min-replicas", 0, "replicas that must acknowledge a grant or renewal (WAIT); 0: none; needs --redis (env CREDPOOL_REDIS_MIN_REPLICAS)")
@@ -97,8 +100,8 @@ func parseServe(args []string) (serveConfig, error) {
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}
-	if c.readTimeout <= 0 || c.idleTimeout <= 0 {
-		return c, errors.New("serve: --read-timeout and --idle-timeout must be positive")
+	if c.readTimeout <= 0 || c.reqTimeout <= 0 || c.idleTimeout <= 0 {
+		return c, errors.New("serve: --read-timeout, --request-timeout and --idle-timeout must be positive")
 	}
 	if c.maxLease < time.Second || c.maxLease > catalog.ReportMemory {
 		return c, fmt.Errorf("serve: --max-lease must be from 1s to %v", catalog.ReportMemory)
@@ -170,7 +173,7 @@ func serve(args []string) error {
 		DB: sqliteDB, Postgres: pgDB, Sealer: sealer,
 		RedisURL: cfg.redisURL, RedisCluster: cfg.redisCluster, RedisClusterRefresh: cfg.clusterRefresh, MinReplicas: cfg.minReplicas,
 		InternalKey: cfg.internalKey, AdminKey: cfg.adminKey, Inspect: inspect(cfg.inspect),
-		Weights: &weights, Pools: pools, MaxLease: cfg.maxLease, RequestTimeout: requestTimeout,
+		Weights: &weights, Pools: pools, MaxLease: cfg.maxLease, RequestTimeout: cfg.reqTimeout,
 		Logger: log,
 	})
 	if err != nil {
@@ -210,9 +213,6 @@ func serve(args []string) error {
 	return srv.Shutdown(shutdown)
 }
 
-// requestTimeout bounds one request's work in the handlers (their default).
-const requestTimeout = 10 * time.Second
-
 // At shutdown, drainTimeout bounds waiting for requests in flight, then
 // closeTimeout the last try of the releases kept for a failed store.
 const (
@@ -229,7 +229,7 @@ func httpServer(h http.Handler, cfg serveConfig) *http.Server {
 		Handler:           h,
 		ReadHeaderTimeout: min(cfg.readTimeout, 5*time.Second),
 		ReadTimeout:       cfg.readTimeout,
-		WriteTimeout:      cfg.readTimeout + requestTimeout + 5*time.Second,
+		WriteTimeout:      cfg.readTimeout + cfg.reqTimeout + 5*time.Second,
 		IdleTimeout:       cfg.idleTimeout,
 	}
 }

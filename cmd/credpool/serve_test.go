@@ -338,6 +338,8 @@ func TestServeCutsSlowAndIdleClients(t *testing.T) {
 func TestServeRejectsBadTimeouts(t *testing.T) {
 	_, err := parseServe([]string{"--read-timeout", "0s"})
 	require.ErrorContains(t, err, "must be positive")
+	_, err = parseServe([]string{"--request-timeout", "-1s"})
+	require.ErrorContains(t, err, "--request-timeout")
 	_, err = parseServe([]string{"--max-lease", "48h"})
 	require.ErrorContains(t, err, "--max-lease")
 	_, err = parseServe([]string{"--redis-min-replicas", "-1"})
@@ -358,7 +360,7 @@ func TestServeReadsEnv(t *testing.T) {
 	for env, v := range map[string]string{
 		"CREDPOOL_LISTEN": "127.0.0.1:9", "CREDPOOL_REDIS_URL": "redis://r:6379/2", "CREDPOOL_DB": "c.db",
 		"CREDPOOL_INTERNAL_KEY": "i", "CREDPOOL_ADMIN_KEY": "a", "CREDPOOL_WEIGHTS": "idle=1",
-		"CREDPOOL_POOL_FALLBACK": "a=b", "CREDPOOL_READ_TIMEOUT": "3s", "CREDPOOL_IDLE_TIMEOUT": "4s",
+		"CREDPOOL_POOL_FALLBACK": "a=b", "CREDPOOL_READ_TIMEOUT": "3s", "CREDPOOL_IDLE_TIMEOUT": "4s", "CREDPOOL_REQUEST_TIMEOUT": "20s",
 		"CREDPOOL_MAX_LEASE": "5m", "CREDPOOL_REDIS_MIN_REPLICAS": "2", "CREDPOOL_INSPECT": "8",
 		"CREDPOOL_REDIS_CLUSTER_REFRESH": "3s",
 	} {
@@ -368,7 +370,7 @@ func TestServeReadsEnv(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, serveConfig{
 		listen: "127.0.0.1:9", redisURL: "redis://r:6379/2", db: "c.db", internalKey: "i", adminKey: "a",
-		weights: "idle=1", fallback: "a=b", readTimeout: 3 * time.Second, idleTimeout: 4 * time.Second,
+		weights: "idle=1", fallback: "a=b", readTimeout: 3 * time.Second, idleTimeout: 4 * time.Second, reqTimeout: 20 * time.Second,
 		maxLease: 5 * time.Minute, minReplicas: 2, inspect: 8, clusterRefresh: 3 * time.Second,
 	}, c)
 	c, err = parseServe([]string{"--db", "flag.db", "--read-timeout", "7s"})
