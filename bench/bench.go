@@ -369,6 +369,7 @@ func newRun(s Strategy, cell Cell, res *workload.Result) report.Run {
 		GiveUpsPerSec: rate(res.GiveUps), ErrorsPerSec: rate(res.Errors),
 		ConflictsPerGrant: perGrant(res.Conflicts, res.Grants),
 		AttemptsPerGrant:  perGrant(res.Attempts, res.Grants),
+		HoldExcessMicros:  holdExcess(res),
 		GrantLatency:      latency(res.GrantLatency),
 		CallLatency:       latency(res.Latency),
 		TimeToGrant:       latency(res.TimeToGrant),
@@ -378,6 +379,15 @@ func newRun(s Strategy, cell Cell, res *workload.Result) report.Run {
 		Fairness:   report.FairnessOf(res.CallerGrants),
 		FirstError: res.FirstError,
 	}
+}
+
+// holdExcess is res's mean hold excess in µs, nil if no hold was timed.
+func holdExcess(res *workload.Result) *float64 {
+	if res.Held == 0 {
+		return nil
+	}
+	v := float64(res.HoldExcess.Microseconds()) / float64(res.Held)
+	return &v
 }
 
 func perGrant(n, grants int64) *float64 {

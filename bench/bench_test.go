@@ -226,6 +226,8 @@ func TestWaitingCallers(t *testing.T) {
 		require.Zero(t, run.Fairness.Starved, "%s, %d procs: every caller got grants", run.Strategy, run.Procs)
 		require.NotNil(t, run.Fairness.MaxOverMin)
 		require.Zero(t, run.Counts.Errors, run.FirstError)
+		require.NotNil(t, run.HoldExcessMicros, "%s, %d procs: every process's holds are timed", run.Strategy, run.Procs)
+		require.GreaterOrEqual(t, *run.HoldExcessMicros, 0.0, "no hold ends early")
 		if run.Strategy == "sqlite" {
 			require.Nil(t, run.RequestsPerGrant)
 			continue

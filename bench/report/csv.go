@@ -18,7 +18,7 @@ var csvHeader = []string{
 	"conflicts_per_grant", "attempts_per_grant", "round_trips_per_grant", "requests_per_grant", "commands_per_grant",
 	"p50_ms", "p90_ms", "p99_ms", "p99_9_ms", "max_ms",
 	"ttg_p50_ms", "ttg_p90_ms", "ttg_p99_ms", "ttg_p99_9_ms", "ttg_max_ms",
-	"holder_violations", "max_holders", "state_violations",
+	"hold_excess_us", "holder_violations", "max_holders", "state_violations",
 	"callers", "min_grants_per_caller", "max_grants_per_caller", "starved_callers", "max_over_min_grants",
 }
 
@@ -41,7 +41,7 @@ func (r *Report) WriteCSV(w io.Writer) error {
 			optFtoa(run.RequestsPerGrant), optFtoa(run.CommandsPerGrant),
 			ftoa(l.P50), ftoa(l.P90), ftoa(l.P99), ftoa(l.P999), ftoa(l.Max),
 			ftoa(w.P50), ftoa(w.P90), ftoa(w.P99), ftoa(w.P999), ftoa(w.Max),
-			i64(a.HolderViolations), i64(a.MaxHolders), itoa(a.StateViolations),
+			optFtoa(run.HoldExcessMicros), i64(a.HolderViolations), i64(a.MaxHolders), itoa(a.StateViolations),
 			itoa(f.Callers), i64(f.Min), i64(f.Max), itoa(f.Starved), optFtoa(f.MaxOverMin),
 		}); err != nil {
 			return err

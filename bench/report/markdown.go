@@ -293,10 +293,11 @@ func (r *Report) markdownAll(b *strings.Builder) {
 		"requests add the pub/sub subscription commands (see above) to them; " +
 		"commands are what the server ran by INFO commandstats, commands inside Lua scripts included, " +
 		"connection set-up left out. Per-grant figures count releases too. Max/min is the most grants of one " +
-		"caller over the fewest, with the callers that got none.\n\n")
+		"caller over the fewest, with the callers that got none. Hold +µs is by how much a hold ran past its " +
+		"time on average: the harness's clock and scheduling, part of every grant's cycle.\n\n")
 	head := []string{"strategy", "rep", "scenario", "loop", "pause", "limit", "workers", "procs", "grants/s", "no-slot/s",
 		"give-ups/s", "errors/s", "conflicts/grant", "attempts/grant", "round trips/grant", "requests/grant", "cmds/grant", "p50", "p90", "p99",
-		"p99.9", "max", "ttg p50", "ttg p99", "ttg max", "waiting", "max/min grants", "max holders", "audit"}
+		"p99.9", "max", "ttg p50", "ttg p99", "ttg max", "waiting", "max/min grants", "hold +µs", "max holders", "audit"}
 	var rows [][]string
 	for _, run := range r.Runs {
 		audit := "ok"
@@ -311,7 +312,7 @@ func (r *Report) markdownAll(b *strings.Builder) {
 			fmtPer(run.RoundTripsPerGrant), fmtPer(run.RequestsPerGrant), fmtPer(run.CommandsPerGrant),
 			fmtMs(l.P50), fmtMs(l.P90), fmtMs(l.P99), fmtMs(l.P999), fmtMs(l.Max),
 			fmtMs(w.P50), fmtMs(w.P99), fmtMs(w.Max), strconv.FormatInt(run.Counts.Waiting, 10),
-			FormatMaxOverMin(run.Fairness), strconv.FormatInt(run.Audit.MaxHolders, 10), audit,
+			FormatMaxOverMin(run.Fairness), fmtMicros(run.HoldExcessMicros), strconv.FormatInt(run.Audit.MaxHolders, 10), audit,
 		})
 	}
 	writeTable(b, head, rows)

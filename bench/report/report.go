@@ -171,6 +171,10 @@ type Run struct {
 	// INFO commandstats) that waiting callers' stores send over pub/sub
 	// connections of their own, which the round trips do not see.
 	RequestsPerGrant *float64 `json:"requests_per_grant"`
+	// HoldExcessMicros is by how much a hold ran past the time it was
+	// meant to last, on average (µs): the harness's clock and scheduling.
+	// Nil when no hold was timed.
+	HoldExcessMicros *float64 `json:"hold_excess_us"`
 	// Commands counts Redis commands by name over the run.
 	Commands map[string]int64 `json:"commands,omitempty"`
 	// GrantLatency is over granted calls, CallLatency over all calls, each

@@ -171,6 +171,14 @@ func fmtPer(v *float64) string {
 	return fmtFloat(*v)
 }
 
+// fmtMicros formats whole microseconds, "n/a" for nil.
+func fmtMicros(v *float64) string {
+	if v == nil {
+		return "n/a"
+	}
+	return strconv.FormatFloat(*v, 'f', 0, 64)
+}
+
 // fmtMs formats milliseconds with three significant digits or so.
 func fmtMs(v float64) string {
 	switch {

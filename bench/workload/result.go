@@ -43,6 +43,11 @@ type Result struct {
 	// CallerGrants has each caller's grants, one entry per caller; a
 	// merged result lists the callers of every process.
 	CallerGrants []int64
+	// Held counts the holds timed in full, and HoldExcess adds up by how
+	// much each ran past the time it was meant to last: the harness's
+	// clock and scheduling, which every grant's cycle includes.
+	Held       int64
+	HoldExcess time.Duration
 }
 
 // Merge adds o's counts and latencies into r.
@@ -74,6 +79,8 @@ func (r *Result) Merge(o *Result) {
 	r.GrantLatency = mergeHist(r.GrantLatency, o.GrantLatency)
 	r.TimeToGrant = mergeHist(r.TimeToGrant, o.TimeToGrant)
 	r.CallerGrants = append(r.CallerGrants, o.CallerGrants...)
+	r.Held += o.Held
+	r.HoldExcess += o.HoldExcess
 }
 
 func mergeHist(into, from *Histogram) *Histogram {

@@ -29,8 +29,9 @@ const releaseTimeout = 10 * time.Second
 // the callers' choices reproducible; give each process its own.
 //
 // Store failures do not end the run: they are counted, and a retrying
-// caller pauses as after "no slot". Run fails only on an invalid spec, or
-// with ErrCannotWait.
+// caller pauses as after "no slot". Run fails only on an invalid spec,
+// with ErrCannotWait, or when the OS refuses a caller its hold clock (a
+// timerfd on Linux: one file descriptor per caller).
 func Run(ctx context.Context, store optimistic.LeaseStore, spec Spec, holders *Holders, seed uint64) (*Result, error) {
 	if err := spec.Validate(); err != nil {
 		return nil, err
@@ -53,13 +54,25 @@ func Run(ctx context.Context, store optimistic.LeaseStore, spec Spec, holders *H
 			r.res.Offered = min(r.res.Offered, spec.Ops)
 		}
 	}
+	clocks := make([]*holdClock, spec.Workers)
+	for w := range clocks {
+		c, err := newHoldClock()
+		if err != nil {
+			for _, c := range clocks[:w] {
+				c.close()
+			}
+			return nil, err
+		}
+		clocks[w] = c
+	}
 	r.start = time.Now()
 	r.deadline = r.start.Add(spec.Duration)
 	var wg sync.WaitGroup
-	for w := range spec.Workers {
+	for w, clock := range clocks {
 		wg.Go(func() {
+			defer clock.close()
 			rng := rand.New(rand.NewPCG(seed, uint64(w)))
-			r.caller(ctx, newPicker(spec, r.zipf, rng), rng)
+			r.caller(ctx, newPicker(spec, r.zipf, rng), rng, clock)
 		})
 	}
 	wg.Wait()
@@ -101,7 +114,7 @@ func (r *runner) claim(ctx context.Context) (time.Time, bool) {
 }
 
 // caller is one simulated broker caller.
-func (r *runner) caller(ctx context.Context, p *picker, rng *rand.Rand) {
+func (r *runner) caller(ctx context.Context, p *picker, rng *rand.Rand, clock *holdClock) {
 	local := &Result{}
 	// first is when the caller's first call for its next grant started;
 	// zero until then.
@@ -152,7 +165,7 @@ func (r *runner) caller(ctx context.Context, p *picker, rng *rand.Rand) {
 		switch {
 		case err == nil:
 			local.Grants++
-			r.hold(ctx, local, p, rng, lease, cands)
+			r.hold(ctx, local, p, rng, clock, lease, cands)
 			continue
 		case errors.Is(err, optimistic.ErrNoCapacity):
 			local.NoSlot++
@@ -192,7 +205,7 @@ func (r *runner) unserved(wait time.Duration) {
 
 // hold uses a granted slot under the audit, then releases it, or crashes:
 // stops using it and leaves the lease to expire.
-func (r *runner) hold(ctx context.Context, local *Result, p *picker, rng *rand.Rand, lease optimistic.Lease, cands []string) {
+func (r *runner) hold(ctx context.Context, local *Result, p *picker, rng *rand.Rand, clock *holdClock, lease optimistic.Lease, cands []string) {
 	if !slices.Contains(cands, lease.KeyID) {
 		r.violation(local, fmt.Sprintf("granted %s, which was not among the candidates %v", lease.KeyID, cands))
 		return
@@ -209,7 +222,12 @@ func (r *runner) hold(ctx context.Context, local *Result, p *picker, rng *rand.R
 		local.Crashed++
 		return
 	}
-	holdFor(ctx, p.hold())
+	d := p.hold()
+	start := time.Now()
+	if clock.hold(ctx, d) {
+		local.Held++
+		local.HoldExcess += time.Since(start) - d
+	}
 	// Stop using the key before the store may hand it on.
 	r.holders.Drop(i)
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)

@@ -39,6 +39,8 @@ func TestRunClosedLoopStopsAfterOps(t *testing.T) {
 	require.Equal(t, int64(300), res.Calls)
 	require.Equal(t, res.Calls, res.Grants+res.NoSlot+res.GiveUps+res.Errors)
 	require.Equal(t, res.Grants, res.Released)
+	require.Equal(t, res.Released, res.Held, "every hold timed")
+	require.GreaterOrEqual(t, res.HoldExcess, time.Duration(0), "no hold ends early")
 	require.Zero(t, res.Violations)
 	require.LessOrEqual(t, res.MaxHolders, int64(2))
 	require.Equal(t, res.Calls, res.Latency.h.TotalCount())
@@ -217,8 +219,10 @@ func TestRunWaitingNeedsAWaiter(t *testing.T) {
 // Each process's callers keep their own entries when results merge.
 func TestResultMergeKeepsEveryCaller(t *testing.T) {
 	r := &Result{}
-	r.Merge(&Result{Grants: 5, CallerGrants: []int64{2, 3}})
-	r.Merge(&Result{Grants: 4, CallerGrants: []int64{4, 0}})
+	r.Merge(&Result{Grants: 5, CallerGrants: []int64{2, 3}, Held: 5, HoldExcess: 50 * time.Microsecond})
+	r.Merge(&Result{Grants: 4, CallerGrants: []int64{4, 0}, Held: 4, HoldExcess: 40 * time.Microsecond})
 	require.Equal(t, []int64{2, 3, 4, 0}, r.CallerGrants)
 	require.Equal(t, int64(9), r.Grants)
+	require.Equal(t, int64(9), r.Held)
+	require.Equal(t, 90*time.Microsecond, r.HoldExcess)
 }

@@ -13,6 +13,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"runtime/debug"
 )
 
 const usage = `usage: credpool <command> [flags]
@@ -26,7 +27,25 @@ commands:
 Run "credpool <command> -h" for its flags.
 `
 
+// gcPercent is credpool's GOGC unless the environment sets one. Its live
+// heap is small (serving 20 keys, about 7 MB: the catalog snapshot and
+// connection buffers), so at Go's default of 100 serve collected every
+// 8 MB it allocated, about 30 times a second under the service benchmark,
+// and collecting (marking, and the assists it charges allocations) took
+// 13% of its CPU. At 400 the heap grows to five times the live data before
+// a collection (about 36 MB there, against 15).
+const gcPercent = 400
+
+// tuneGC sets gcPercent unless GOGC is set, which wins as it does for any
+// Go program.
+func tuneGC() {
+	if _, set := os.LookupEnv("GOGC"); !set {
+		debug.SetGCPercent(gcPercent)
+	}
+}
+
 func main() {
+	tuneGC()
 	if len(os.Args) < 2 {
 		fmt.Fprint(os.Stderr, usage)
 		os.Exit(2)
