@@ -363,7 +363,7 @@ func newRun(s Strategy, cell Cell, res *workload.Result) report.Run {
 			Calls: res.Calls, Grants: res.Grants, NoSlot: res.NoSlot, GiveUps: res.GiveUps, Errors: res.Errors,
 			Attempts: res.Attempts, Conflicts: res.Conflicts, Pruned: res.Pruned, Released: res.Released,
 			Crashed: res.Crashed, Lost: res.Lost, ReleaseErrors: res.ReleaseErrors, Offered: res.Offered,
-			Waiting: res.Waiting,
+			Waiting: res.Waiting, ShortHolds: res.ShortHolds,
 		},
 		GrantsPerSec: rate(res.Grants), NoSlotPerSec: rate(res.NoSlot),
 		GiveUpsPerSec: rate(res.GiveUps), ErrorsPerSec: rate(res.Errors),
@@ -386,7 +386,7 @@ func holdExcess(res *workload.Result) *float64 {
 	if res.Held == 0 {
 		return nil
 	}
-	v := float64(res.HoldExcess.Microseconds()) / float64(res.Held)
+	v := float64(res.HoldExcess) / float64(time.Microsecond) / float64(res.Held)
 	return &v
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -98,15 +99,28 @@ func TestHTTPDisableUnderLoad(t *testing.T) {
 					}
 				})
 			}
-			time.Sleep(300 * time.Millisecond)
+			end := sync.OnceFunc(func() { close(stop) })
+			defer end()
+			// Waits for a grant that match accepts; a loaded machine can
+			// take a while to serve any.
+			granted := func(msg string, match func(grant) bool) {
+				require.Eventually(t, func() bool {
+					mu.Lock()
+					defer mu.Unlock()
+					return slices.ContainsFunc(grants, match)
+				}, time.Minute, 10*time.Millisecond, msg)
+			}
+			granted("k0 granted before the disable", func(g grant) bool { return g.key == "k0" })
 			if tt.direct {
 				disableElsewhere(t, a, "k0")
 			} else {
 				a.putKey(t, "k0", "default", 5, map[string]any{"status": "disabled"})
 			}
 			returned := time.Now()
+			granted("other keys granted after it", func(g grant) bool { return g.key != "k0" && g.start.After(returned) })
+			// More requests after the disable: more chances to grant k0.
 			time.Sleep(300 * time.Millisecond)
-			close(stop)
+			end()
 			wg.Wait()
 			close(errs)
 			for err := range errs {

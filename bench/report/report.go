@@ -173,7 +173,7 @@ type Run struct {
 	RequestsPerGrant *float64 `json:"requests_per_grant"`
 	// HoldExcessMicros is by how much a hold ran past the time it was
 	// meant to last, on average (µs): the harness's clock and scheduling.
-	// Nil when no hold was timed.
+	// Nil when no hold lasted more than zero.
 	HoldExcessMicros *float64 `json:"hold_excess_us"`
 	// Commands counts Redis commands by name over the run.
 	Commands map[string]int64 `json:"commands,omitempty"`
@@ -239,6 +239,7 @@ type Counts struct {
 	ReleaseErrors int64 `json:"release_errors"`
 	Offered       int64 `json:"offered,omitempty"`
 	Waiting       int64 `json:"waiting"`
+	ShortHolds    int64 `json:"short_holds"`
 }
 
 // Latency percentiles in milliseconds.

@@ -45,7 +45,7 @@ func sample() *Report {
 	opt, lua := cell, cell
 	opt.Strategy, opt.GrantsPerSec, opt.GrantLatency.P99, opt.TimeToGrant.P99 = "optimistic", 100, 8, 40
 	opt.Counts.Grants = 300
-	opt.ConflictsPerGrant, opt.RoundTripsPerGrant = ptr(7.5), ptr(20)
+	opt.ConflictsPerGrant, opt.RoundTripsPerGrant, opt.HoldExcessMicros = ptr(7.5), ptr(20), ptr(61.4)
 	opt.Audit = Audit{HolderViolations: 3, MaxHolders: 2, First: "2 holders of k0, limit 1"}
 	lua.Strategy, lua.GrantsPerSec, lua.GrantLatency.P99, lua.TimeToGrant.P99 = "lua+gate", 400, 2, 80
 	lua.Counts.Grants = 1200
@@ -64,6 +64,9 @@ func TestMarkdownSideBySide(t *testing.T) {
 	require.Contains(t, md, "| hot | closed | 1ms | 1 | 8 | 2 | 8.00 | 2.00 | 4.00× |", "per-call p99")
 	require.Contains(t, md, "| hot | closed | 1ms | 1 | 8 | 2 | 7.50 | 0.00 | 20.00 | 2.00 |", "conflicts and round trips")
 	require.Contains(t, md, "| optimistic | 1 | hot | closed | 1ms | 1 | 8 | 2 | 100 |")
+	require.Contains(t, md, "| hold +µs | max holders | audit |")
+	require.Contains(t, md, "| 61 | 2 | **FAILED** (3+0) |", "the hold excess in whole µs")
+	require.Contains(t, md, "| n/a | 0 | ok |", "no hold timed")
 	require.Contains(t, md, "**FAILED** (3+0)")
 	require.Contains(t, md, "Every cell ran once")
 }
@@ -114,6 +117,8 @@ func TestCSVHasOneLinePerRun(t *testing.T) {
 	require.Equal(t, "1", lines[2][col("rep")])
 	require.Equal(t, "", lines[2][col("commands_per_grant")], "n/a is empty")
 	require.Equal(t, "3", lines[1][col("holder_violations")])
+	require.Equal(t, "61.4", lines[1][col("hold_excess_us")])
+	require.Equal(t, "", lines[2][col("hold_excess_us")], "no hold timed")
 	require.Equal(t, "", lines[1][col("wait")], "retrying callers")
 	require.Equal(t, "", lines[1][col("max_over_min_grants")], "no callers counted")
 }

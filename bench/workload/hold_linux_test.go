@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 )
 
 // never is longer than any test runs: an alarm set to it must not be the
@@ -40,14 +41,20 @@ func TestHoldClockEitherAlarmEndsTheWait(t *testing.T) {
 	}
 }
 
-// A timerfd that fires after the deadline ended the wait leaves nothing
-// that could end the next hold early.
+// An expiry nobody read (the timerfd fired after a deadline ended the
+// wait) cannot end the next hold early.
 func TestHoldClockLateExpiryDoesNotShortenTheNext(t *testing.T) {
 	c := newClock(t)
 	for range 10 {
+		require.NoError(t, unix.TimerfdSettime(c.fd, 0, &unix.ItimerSpec{Value: unix.NsecToTimespec(int64(time.Millisecond))}, nil))
+		time.Sleep(3 * time.Millisecond) // fired, unread
+		start := time.Now()
+		require.True(t, c.hold(context.Background(), 5*time.Millisecond))
+		require.GreaterOrEqual(t, time.Since(start), 5*time.Millisecond)
+
 		c.wait(2*time.Millisecond, time.Millisecond)
 		time.Sleep(3 * time.Millisecond)
-		start := time.Now()
+		start = time.Now()
 		require.True(t, c.hold(context.Background(), 5*time.Millisecond))
 		require.GreaterOrEqual(t, time.Since(start), 5*time.Millisecond)
 	}
@@ -69,8 +76,13 @@ func TestHoldClockHoldsInFull(t *testing.T) {
 }
 
 // A run whose callers cannot all get a clock fails, saying why, and
-// leaves no descriptor open.
+// leaves no descriptor open. The file limit is the process's: this test
+// must not run in parallel with others.
 func TestRunWithoutFileDescriptors(t *testing.T) {
+	// The poller's own descriptors exist before counting.
+	c, err := newHoldClock()
+	require.NoError(t, err)
+	c.close()
 	open := func() int {
 		fds, err := os.ReadDir("/proc/self/fd")
 		require.NoError(t, err)
@@ -86,7 +98,7 @@ func TestRunWithoutFileDescriptors(t *testing.T) {
 
 	s := spec()
 	s.Workers = 64
-	_, err := Run(context.Background(), newMemStore(), s, NewHolders(1, 2), 1)
+	_, err = Run(context.Background(), newMemStore(), s, NewHolders(1, 2), 1)
 	require.ErrorContains(t, err, "timerfd_create")
 	require.ErrorIs(t, err, syscall.EMFILE)
 	require.Equal(t, before, open())

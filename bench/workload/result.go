@@ -43,11 +43,13 @@ type Result struct {
 	// CallerGrants has each caller's grants, one entry per caller; a
 	// merged result lists the callers of every process.
 	CallerGrants []int64
-	// Held counts the holds timed in full, and HoldExcess adds up by how
-	// much each ran past the time it was meant to last: the harness's
-	// clock and scheduling, which every grant's cycle includes.
-	Held       int64
-	HoldExcess time.Duration
+	// Held counts the holds of more than zero that ran while the run was
+	// on, and HoldExcess adds up by how much each ran past the time it was
+	// meant to last: the harness's clock and scheduling, which every
+	// grant's cycle includes. ShortHolds counts those that ended early,
+	// which a correct clock never does.
+	Held, ShortHolds int64
+	HoldExcess       time.Duration
 }
 
 // Merge adds o's counts and latencies into r.
@@ -80,6 +82,7 @@ func (r *Result) Merge(o *Result) {
 	r.TimeToGrant = mergeHist(r.TimeToGrant, o.TimeToGrant)
 	r.CallerGrants = append(r.CallerGrants, o.CallerGrants...)
 	r.Held += o.Held
+	r.ShortHolds += o.ShortHolds
 	r.HoldExcess += o.HoldExcess
 }
 

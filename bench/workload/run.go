@@ -224,9 +224,13 @@ func (r *runner) hold(ctx context.Context, local *Result, p *picker, rng *rand.R
 	}
 	d := p.hold()
 	start := time.Now()
-	if clock.hold(ctx, d) {
+	if clock.hold(ctx, d) && d > 0 {
+		excess := time.Since(start) - d
 		local.Held++
-		local.HoldExcess += time.Since(start) - d
+		local.HoldExcess += excess
+		if excess < 0 {
+			local.ShortHolds++
+		}
 	}
 	// Stop using the key before the store may hand it on.
 	r.holders.Drop(i)

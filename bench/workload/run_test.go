@@ -34,13 +34,13 @@ func run(t *testing.T, store optimistic.LeaseStore, s Spec) *Result {
 func TestRunClosedLoopStopsAfterOps(t *testing.T) {
 	store := newMemStore()
 	s := spec()
-	s.Ops = 300
+	s.Ops, s.Hold = 300, 100*time.Microsecond
 	res := run(t, store, s)
 	require.Equal(t, int64(300), res.Calls)
 	require.Equal(t, res.Calls, res.Grants+res.NoSlot+res.GiveUps+res.Errors)
 	require.Equal(t, res.Grants, res.Released)
 	require.Equal(t, res.Released, res.Held, "every hold timed")
-	require.GreaterOrEqual(t, res.HoldExcess, time.Duration(0), "no hold ends early")
+	require.Zero(t, res.ShortHolds, "no hold ends early")
 	require.Zero(t, res.Violations)
 	require.LessOrEqual(t, res.MaxHolders, int64(2))
 	require.Equal(t, res.Calls, res.Latency.h.TotalCount())
@@ -219,10 +219,11 @@ func TestRunWaitingNeedsAWaiter(t *testing.T) {
 // Each process's callers keep their own entries when results merge.
 func TestResultMergeKeepsEveryCaller(t *testing.T) {
 	r := &Result{}
-	r.Merge(&Result{Grants: 5, CallerGrants: []int64{2, 3}, Held: 5, HoldExcess: 50 * time.Microsecond})
-	r.Merge(&Result{Grants: 4, CallerGrants: []int64{4, 0}, Held: 4, HoldExcess: 40 * time.Microsecond})
+	r.Merge(&Result{Grants: 5, CallerGrants: []int64{2, 3}, Held: 5, HoldExcess: 50 * time.Microsecond, ShortHolds: 1})
+	r.Merge(&Result{Grants: 4, CallerGrants: []int64{4, 0}, Held: 4, HoldExcess: 40 * time.Microsecond, ShortHolds: 2})
 	require.Equal(t, []int64{2, 3, 4, 0}, r.CallerGrants)
 	require.Equal(t, int64(9), r.Grants)
 	require.Equal(t, int64(9), r.Held)
 	require.Equal(t, 90*time.Microsecond, r.HoldExcess)
+	require.Equal(t, int64(3), r.ShortHolds)
 }

@@ -37,9 +37,9 @@ Run "credpool <command> -h" for its flags.
 const gcPercent = 400
 
 // tuneGC sets gcPercent unless GOGC is set, which wins as it does for any
-// Go program.
+// Go program (empty counts as unset, as for the runtime).
 func tuneGC() {
-	if _, set := os.LookupEnv("GOGC"); !set {
+	if os.Getenv("GOGC") == "" {
 		debug.SetGCPercent(gcPercent)
 	}
 }

@@ -13,11 +13,14 @@ func TestTuneGC(t *testing.T) {
 	t.Cleanup(func() { debug.SetGCPercent(prev) })
 
 	t.Setenv("GOGC", "")
+	tuneGC()
+	require.Equal(t, gcPercent, debug.SetGCPercent(100), "GOGC empty: credpool's default")
+
 	require.NoError(t, os.Unsetenv("GOGC"))
 	tuneGC()
 	require.Equal(t, gcPercent, debug.SetGCPercent(100), "GOGC unset: credpool's default")
 
 	t.Setenv("GOGC", "50")
 	tuneGC()
-	require.Equal(t, 100, debug.SetGCPercent(100), "GOGC set: the runtime's reading of it stands")
+	require.Equal(t, 100, debug.SetGCPercent(100), "GOGC set: tuneGC leaves the collector as it was")
 }
