@@ -47,6 +47,13 @@ type syncCatalog interface {
 // syncer brings a key's state from the catalog into the store, and tells a
 // key the store lost from one it never had. The Broker and the Admin embed
 // one over their own catalogs.
+// keysSyncer is a lease store that writes many keys' states at once (the
+// SQLite store: one transaction, so one write to disk, where SyncKey for
+// each would make one per key).
+type keysSyncer interface {
+	SyncKeys(ctx context.Context, keys ...optimistic.KeyState) error
+}
+
 type syncer[C syncCatalog] struct {
 	catalog  C
 	store    optimistic.LeaseStore
@@ -164,6 +171,9 @@ func (s syncer[C]) first(k catalog.Key) bool {
 // master that is down) are skipped and logged, unless it reaches none: a
 // later sync, or the repair of an allocate, brings them in. It returns how
 // many it synced.
+//
+// A store that is a keysSyncer takes the keys it neither lost nor cannot
+// reach in one SyncKeys, after the lost ones.
 func (s syncer[C]) syncAll(ctx context.Context, keys []catalog.Key, infos []optimistic.KeyInfo) (int, error) {
 	now := time.Now()
 	var (
@@ -171,7 +181,9 @@ func (s syncer[C]) syncAll(ctx context.Context, keys []catalog.Key, infos []opti
 		synced  []catalog.Key
 		skipped []string
 		down    error
+		batch   []catalog.Key
 	)
+	batcher, batching := s.store.(keysSyncer)
 	for i, k := range keys {
 		var err error
 		switch {
@@ -181,6 +193,9 @@ func (s syncer[C]) syncAll(ctx context.Context, keys []catalog.Key, infos []opti
 			if _, _, err = s.sync(ctx, k, infos[i]); errors.Is(err, catalog.ErrNotFound) {
 				err = nil
 			}
+		case batching:
+			batch = append(batch, k)
+			continue
 		default:
 			if err = s.store.SyncKey(ctx, k.LeaseState()); err == nil && s.first(k) {
 				first = append(first, k.ID)
@@ -194,6 +209,21 @@ func (s syncer[C]) syncAll(ctx context.Context, keys []catalog.Key, infos []opti
 			return len(synced), err
 		}
 		synced = append(synced, k)
+	}
+	if len(batch) > 0 {
+		states := make([]optimistic.KeyState, len(batch))
+		for i, k := range batch {
+			states[i] = k.LeaseState()
+		}
+		if err := batcher.SyncKeys(ctx, states...); err != nil {
+			return len(synced), err
+		}
+		for _, k := range batch {
+			if s.first(k) {
+				first = append(first, k.ID)
+			}
+		}
+		synced = append(synced, batch...)
 	}
 	if len(skipped) > 0 {
 		if len(synced) == 0 {

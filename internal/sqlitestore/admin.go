@@ -13,11 +13,20 @@ import (
 // last_used_at are kept: k.LastUsedAt only fills in a missing one. On error
 // nothing is written.
 func (s *Store) SyncKey(ctx context.Context, k optimistic.KeyState) error {
-	if err := k.Validate(); err != nil {
-		return err
+	return s.SyncKeys(ctx, k)
+}
+
+// SyncKeys is SyncKey for every key of keys in one transaction, so one
+// write to disk however many: every key is checked first, and on error
+// none is written.
+func (s *Store) SyncKeys(ctx context.Context, keys ...optimistic.KeyState) error {
+	for _, k := range keys {
+		if err := k.Validate(); err != nil {
+			return err
+		}
 	}
 	_, err := s.do(ctx, false, func(tx *sql.Tx, _ int64) error {
-		_, err := tx.ExecContext(ctx, `
+		upsert, err := tx.PrepareContext(ctx, `
 INSERT INTO lease_keys (id, provider, pool, status, cooldown_until, max_concurrent_uses, last_used_at, score)
 VALUES (?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (id) DO UPDATE SET
@@ -27,16 +36,26 @@ ON CONFLICT (id) DO UPDATE SET
 	cooldown_until = excluded.cooldown_until,
 	max_concurrent_uses = excluded.max_concurrent_uses,
 	last_used_at = coalesce(lease_keys.last_used_at, excluded.last_used_at),
-	score = excluded.score`,
-			k.ID, k.Provider, k.Pool, string(k.Status), toMillis(k.CooldownUntil), k.MaxConcurrentUses,
-			toMillis(k.LastUsedAt), k.Score)
-		return err
+	score = excluded.score`)
+		if err != nil {
+			return err
+		}
+		defer upsert.Close()
+		for _, k := range keys {
+			if _, err := upsert.ExecContext(ctx, k.ID, k.Provider, k.Pool, string(k.Status), toMillis(k.CooldownUntil),
+				k.MaxConcurrentUses, toMillis(k.LastUsedAt), k.Score); err != nil {
+				return err
+			}
+		}
+		return nil
 	})
 	if err == nil {
 		// A limit raised or a key made usable may free several slots.
-		s.queue.WakeAll(k.ID)
+		for _, k := range keys {
+			s.queue.WakeAll(k.ID)
+		}
 	}
-	return sqlitex.Classify(ctx, "sync key", err)
+	return sqlitex.Classify(ctx, "sync keys", err)
 }
 
 // DeleteKey removes the key, its pool membership and all its leases, whose

@@ -1,0 +1,63 @@
+package sqlitestore_test
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/credpool/credpool/internal/sqlitestore"
+	"github.com/credpool/credpool/internal/sqlitex"
+	"github.com/credpool/credpool/optimistic"
+)
+
+func newStore(t *testing.T) *sqlitestore.Store {
+	t.Helper()
+	db, err := sqlitex.Open(filepath.Join(t.TempDir(), "credpool.db"))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = db.Close() })
+	s, err := sqlitestore.New(t.Context(), db, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+func state(id string, limit int) optimistic.KeyState {
+	return optimistic.KeyState{ID: id, Provider: "openai", Pool: "default", Status: optimistic.StatusAvailable, MaxConcurrentUses: limit}
+}
+
+// SyncKeys writes every key or, if one is invalid, none; an update keeps
+// the key's leases.
+func TestSyncKeysAllOrNothing(t *testing.T) {
+	s := newStore(t)
+	ctx := context.Background()
+	bad := state("k2", 1)
+	bad.Status = "no such status"
+	require.ErrorIs(t, s.SyncKeys(ctx, state("k0", 1), state("k1", 1), bad), optimistic.ErrInvalid)
+	infos, err := s.Inspect(ctx, "k0", "k1")
+	require.NoError(t, err)
+	for _, in := range infos {
+		require.False(t, in.Exists, "%s written although the batch failed", in.ID)
+	}
+
+	var keys []optimistic.KeyState
+	for i := range 300 {
+		keys = append(keys, state(fmt.Sprintf("k%d", i), 2))
+	}
+	require.NoError(t, s.SyncKeys(ctx, keys...))
+	lease, _, err := s.Allocate(ctx, optimistic.AllocateRequest{Provider: "openai", Pool: "default", Candidates: []string{"k7"}, TTL: time.Minute})
+	require.NoError(t, err)
+	keys[7].MaxConcurrentUses = 3
+	require.NoError(t, s.SyncKeys(ctx, keys...))
+	infos, err = s.Inspect(ctx, "k0", "k7", "k299")
+	require.NoError(t, err)
+	for _, in := range infos {
+		require.True(t, in.Exists, in.ID)
+	}
+	require.Equal(t, 3, infos[1].Limit)
+	require.Equal(t, 1, infos[1].Live, "%s keeps its lease", lease.LeaseID)
+	require.NoError(t, s.SyncKeys(ctx), "no keys: nothing to do")
+}
