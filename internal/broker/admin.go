@@ -64,10 +64,10 @@ func (a *Admin) Put(ctx context.Context, k catalog.Key) (catalog.Key, error) {
 // PutMany is Put for several keys: the catalog checks every key, then
 // writes them all in one transaction (on failure none is written); then
 // they are synced to the store as Sync does, with one read of the store
-// and one of the catalog for all of them, and one write to the store if
-// it takes many keys at once (the SQLite store: one transaction) (keys the store lost are
+// and one of the catalog for all of them. Keys the store lost are
 // quarantined; keys on a store server that does not answer are skipped
-// and logged, for a later sync). It returns the keys as the catalog
+// and logged, for a later sync; the others go in one write if the store
+// takes many keys at once (the SQLite store: one transaction). It returns the keys as the catalog
 // stored them. If the store fails, the catalog keeps every key and the
 // error says so; a later Sync repairs the store.
 func (a *Admin) PutMany(ctx context.Context, keys ...catalog.Key) ([]catalog.Key, error) {

@@ -44,16 +44,18 @@ type syncCatalog interface {
 	Quarantine(ctx context.Context, id string, until, now time.Time) (catalog.Key, error)
 }
 
-// syncer brings a key's state from the catalog into the store, and tells a
-// key the store lost from one it never had. The Broker and the Admin embed
-// one over their own catalogs.
-// keysSyncer is a lease store that writes many keys' states at once (the
-// SQLite store: one transaction, so one write to disk, where SyncKey for
-// each would make one per key).
+// keysSyncer is a lease store that writes many keys' states at once, all
+// or none (the SQLite store: one transaction, so one write to disk, where
+// SyncKey for each would make one per key). A store whose keys live on
+// several servers, one of which may not answer, must not be one: syncAll
+// skips such keys one by one.
 type keysSyncer interface {
 	SyncKeys(ctx context.Context, keys ...optimistic.KeyState) error
 }
 
+// syncer brings a key's state from the catalog into the store, and tells a
+// key the store lost from one it never had. The Broker and the Admin embed
+// one over their own catalogs.
 type syncer[C syncCatalog] struct {
 	catalog  C
 	store    optimistic.LeaseStore

@@ -20,6 +20,9 @@ func (s *Store) SyncKey(ctx context.Context, k optimistic.KeyState) error {
 // write to disk however many: every key is checked first, and on error
 // none is written.
 func (s *Store) SyncKeys(ctx context.Context, keys ...optimistic.KeyState) error {
+	if len(keys) == 0 {
+		return nil
+	}
 	for _, k := range keys {
 		if err := k.Validate(); err != nil {
 			return err
