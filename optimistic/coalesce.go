@@ -29,14 +29,11 @@ const (
 // connection so; each is still one MULTI…EXEC, applied by the server on
 // its own. It is safe for concurrent use.
 type coalescer struct {
-	mu     sync.Mutex
-	queues map[*redis.Client]*txQueue
-}
-
-// txQueue is one server's transactions waiting for the next pipeline.
-type txQueue struct {
-	calls []*queuedTx
-	busy  bool // a goroutine sends them
+	mu sync.Mutex
+	// queues holds each server's transactions waiting for the next
+	// pipeline. A server has an entry (empty, too, while its pipeline is
+	// on the wire) exactly while a goroutine sends for it.
+	queues map[*redis.Client][]*queuedTx
 }
 
 type queuedTx struct {
@@ -61,18 +58,12 @@ func (co *coalescer) do(ctx context.Context, c *redis.Client, body []cmd, then c
 	call := &queuedTx{txCall: txCall{body: body, then: then}, settled: settled, done: make(chan struct{})}
 	co.mu.Lock()
 	if co.queues == nil {
-		co.queues = make(map[*redis.Client]*txQueue)
+		co.queues = make(map[*redis.Client][]*queuedTx)
 	}
-	q := co.queues[c]
-	if q == nil {
-		q = &txQueue{}
-		co.queues[c] = q
-	}
-	q.calls = append(q.calls, call)
-	start := !q.busy
-	q.busy = true
+	queued, sending := co.queues[c]
+	co.queues[c] = append(queued, call)
 	co.mu.Unlock()
-	if start {
+	if !sending {
 		go co.drain(c)
 	}
 	select {
@@ -95,14 +86,14 @@ func (co *coalescer) drain(c *redis.Client) {
 
 // send takes up to maxCoalesced of c's queued transactions, runs them in
 // one pipeline, hands each its outcome, and says whether more are queued;
-// if not, c's queue is no longer busy (and forgotten: nothing stays behind
-// for a server no longer used).
+// if not, c's entry goes (nothing stays behind for a server no longer
+// used), and the next caller starts a sender again.
 func (co *coalescer) send(c *redis.Client) (more bool) {
 	co.mu.Lock()
-	q := co.queues[c]
-	n := min(len(q.calls), maxCoalesced)
-	calls := q.calls[:n:n]
-	q.calls = q.calls[n:]
+	queued := co.queues[c]
+	n := min(len(queued), maxCoalesced)
+	calls := queued[:n:n]
+	co.queues[c] = queued[n:]
 	co.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), coalesceTimeout)
 	_, _ = c.Pipelined(ctx, func(p redis.Pipeliner) error {
@@ -121,10 +112,9 @@ func (co *coalescer) send(c *redis.Client) (more bool) {
 	}
 	co.mu.Lock()
 	defer co.mu.Unlock()
-	if len(q.calls) > 0 {
+	if len(co.queues[c]) > 0 {
 		return true
 	}
-	q.busy = false
 	delete(co.queues, c)
 	return false
 }

@@ -55,10 +55,7 @@ func (h *stall) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proces
 func queued(s *Store, c *redis.Client) int {
 	s.releases.mu.Lock()
 	defer s.releases.mu.Unlock()
-	if q := s.releases.queues[c]; q != nil {
-		return len(q.calls)
-	}
-	return 0
+	return len(s.releases.queues[c])
 }
 
 // stalledStore is a store on addr whose client carries a stall, with keys
