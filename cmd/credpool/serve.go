@@ -45,6 +45,7 @@ type serveConfig struct {
 	maxLease     time.Duration
 	minReplicas  int
 	inspect      int
+	liveMaxAge   time.Duration
 
 	// clusterRefresh is server.Config.RedisClusterRefresh.
 	clusterRefresh time.Duration
@@ -68,6 +69,7 @@ var serveEnv = []struct{ flag, env string }{
 	{"max-lease", "CREDPOOL_MAX_LEASE"},
 	{"redis-min-replicas", "CREDPOOL_REDIS_MIN_REPLICAS"},
 	{"inspect", "CREDPOOL_INSPECT"},
+	{"live-max-age", "CREDPOOL_LIVE_MAX_AGE"},
 }
 
 func parseServe(args []string) (serveConfig, error) {
@@ -90,6 +92,7 @@ func parseServe(args []string) (serveConfig, error) {
 	fs.DurationVar(&c.maxLease, "max-lease", broker.DefaultMaxLease, "longest lease granted or renewed to; also how long a key the lease store lost is held back (env CREDPOOL_MAX_LEASE)")
 	fs.IntVar(&c.minReplicas, "redis-min-replicas", 0, "replicas that must acknowledge a grant or renewal (WAIT); 0: none; needs --redis (env CREDPOOL_REDIS_MIN_REPLICAS)")
 	fs.IntVar(&c.inspect, "inspect", broker.DefaultInspect, "candidates per allocate, the best by the catalog, whose live state is read from the store and ranked with it; 0: all (env CREDPOOL_INSPECT)")
+	fs.DurationVar(&c.liveMaxAge, "live-max-age", broker.DefaultLiveMaxAge, "how long a key's live state, once read, ranks it without another read, kept up by this instance's own grants and releases (read again in the background after); 0: read on every allocate (env CREDPOOL_LIVE_MAX_AGE)")
 	for _, e := range serveEnv {
 		if v, ok := os.LookupEnv(e.env); ok {
 			if err := fs.Set(e.flag, v); err != nil {
@@ -114,6 +117,9 @@ func parseServe(args []string) (serveConfig, error) {
 	}
 	if c.inspect < 0 {
 		return c, errors.New("serve: --inspect must be 0 (all) or more")
+	}
+	if c.liveMaxAge < 0 {
+		return c, errors.New("serve: --live-max-age must be 0 (read on every allocate) or more")
 	}
 	if postgres.IsURL(c.db) && c.redisURL == "" {
 		return c, errors.New("serve: a PostgreSQL --db needs --redis: leases live in Redis when the catalog is shared (the SQLite lease store lives in a SQLite catalog's file)")
@@ -173,7 +179,8 @@ func serve(args []string) error {
 		DB: sqliteDB, Postgres: pgDB, Sealer: sealer,
 		RedisURL: cfg.redisURL, RedisCluster: cfg.redisCluster, RedisClusterRefresh: cfg.clusterRefresh, MinReplicas: cfg.minReplicas,
 		InternalKey: cfg.internalKey, AdminKey: cfg.adminKey, Inspect: inspect(cfg.inspect),
-		Weights: &weights, Pools: pools, MaxLease: cfg.maxLease, RequestTimeout: cfg.reqTimeout,
+		LiveMaxAge: liveMaxAge(cfg.liveMaxAge),
+		Weights:    &weights, Pools: pools, MaxLease: cfg.maxLease, RequestTimeout: cfg.reqTimeout,
 		Logger: log,
 	})
 	if err != nil {
@@ -397,6 +404,15 @@ func seedDemo(ctx context.Context, cat *catalog.SQL, admin *broker.Admin) error 
 		}
 	}
 	return nil
+}
+
+// liveMaxAge is --live-max-age as broker.Options.LiveMaxAge takes it: 0
+// is never kept.
+func liveMaxAge(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
 }
 
 // inspect is --inspect as broker.Options.Inspect takes it: 0 is all.

@@ -346,6 +346,8 @@ func TestServeRejectsBadTimeouts(t *testing.T) {
 	require.ErrorContains(t, err, "--redis-min-replicas")
 	_, err = parseServe([]string{"--inspect", "-1"})
 	require.ErrorContains(t, err, "--inspect")
+	_, err = parseServe([]string{"--live-max-age", "-1ms"})
+	require.ErrorContains(t, err, "--live-max-age")
 	_, err = parseServe([]string{"--redis-cluster-refresh", "0s"})
 	require.ErrorContains(t, err, "--redis-cluster-refresh")
 	t.Setenv("CREDPOOL_IDLE_TIMEOUT", "soon")
@@ -362,7 +364,7 @@ func TestServeReadsEnv(t *testing.T) {
 		"CREDPOOL_INTERNAL_KEY": "i", "CREDPOOL_ADMIN_KEY": "a", "CREDPOOL_WEIGHTS": "idle=1",
 		"CREDPOOL_POOL_FALLBACK": "a=b", "CREDPOOL_READ_TIMEOUT": "3s", "CREDPOOL_IDLE_TIMEOUT": "4s", "CREDPOOL_REQUEST_TIMEOUT": "20s",
 		"CREDPOOL_MAX_LEASE": "5m", "CREDPOOL_REDIS_MIN_REPLICAS": "2", "CREDPOOL_INSPECT": "8",
-		"CREDPOOL_REDIS_CLUSTER_REFRESH": "3s",
+		"CREDPOOL_REDIS_CLUSTER_REFRESH": "3s", "CREDPOOL_LIVE_MAX_AGE": "250ms",
 	} {
 		t.Setenv(env, v)
 	}
@@ -371,7 +373,7 @@ func TestServeReadsEnv(t *testing.T) {
 	require.Equal(t, serveConfig{
 		listen: "127.0.0.1:9", redisURL: "redis://r:6379/2", db: "c.db", internalKey: "i", adminKey: "a",
 		weights: "idle=1", fallback: "a=b", readTimeout: 3 * time.Second, idleTimeout: 4 * time.Second, reqTimeout: 20 * time.Second,
-		maxLease: 5 * time.Minute, minReplicas: 2, inspect: 8, clusterRefresh: 3 * time.Second,
+		maxLease: 5 * time.Minute, minReplicas: 2, inspect: 8, liveMaxAge: 250 * time.Millisecond, clusterRefresh: 3 * time.Second,
 	}, c)
 	c, err = parseServe([]string{"--db", "flag.db", "--read-timeout", "7s"})
 	require.NoError(t, err)

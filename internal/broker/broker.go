@@ -93,6 +93,18 @@ type Options struct {
 	//
 	// default: DefaultInspect (4); negative: every candidate
 	Inspect int
+	// LiveMaxAge is how long a key's live state, once read, ranks it
+	// without being read again: kept up meanwhile by this process's own
+	// grants and releases, and read again in the background once older
+	// (the allocate that finds it so uses it as it is). A key the store
+	// passed over (full, perhaps by other processes' grants) counts as
+	// full until then; after an allocate that found no free slot, the next
+	// reads its keys again. Ranking is all it decides: the store checks
+	// every grant against its own state. Longer saves more round trips;
+	// shorter ranks closer to what other processes do.
+	//
+	// default: DefaultLiveMaxAge (100ms); negative: read on every allocate
+	LiveMaxAge time.Duration
 	// MaxLease is the longest lease granted or renewed to. It also bounds
 	// how long a key the lease store lost is held back (see Losses): a
 	// lease the store forgot may be in use for up to that long. Shorter
@@ -134,6 +146,9 @@ func (o *Options) withDefaults() Options {
 	case out.Inspect < 0:
 		out.Inspect = math.MaxInt
 	}
+	if out.LiveMaxAge == 0 {
+		out.LiveMaxAge = DefaultLiveMaxAge
+	}
 	if out.Losses == nil {
 		out.Losses = NewLosses()
 	}
@@ -143,8 +158,11 @@ func (o *Options) withDefaults() Options {
 	return out
 }
 
-// DefaultInspect is Options.Inspect's default.
-const DefaultInspect = 4
+// Defaults of Options.
+const (
+	DefaultInspect    = 4
+	DefaultLiveMaxAge = 100 * time.Millisecond
+)
 
 // Broker serves allocate requests. It is safe for concurrent use. Close
 // it to stop retrying releases in the background.
@@ -154,6 +172,7 @@ type Broker struct {
 	weights  Weights
 	pools    PoolOrder
 	inspect  int
+	live     *live
 	backlog  *backlog
 
 	mu  sync.Mutex // guards rng
@@ -166,6 +185,7 @@ func New(c Catalog, s optimistic.LeaseStore, opts *Options) *Broker {
 	b := &Broker{
 		syncer:   newSyncer(c, s, o),
 		requests: o.Requests, weights: DefaultWeights(), pools: o.Pools, inspect: o.Inspect,
+		live:    newLive(s, o.LiveMaxAge, o.Logger),
 		backlog: newBacklog(s, o.Logger),
 		rng:     rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
 	}

@@ -56,7 +56,7 @@ func TestRankUsesTheStoresLastGrant(t *testing.T) {
 
 // An allocate reads the live state of the best Options.Inspect candidates
 // only, whatever the pool's size; with every candidate read, the full ones
-// go last.
+// go last. (Nothing read is kept here: see TestLiveStateKept.)
 func TestRankReadsTheBestFew(t *testing.T) {
 	var keys []catalog.Key
 	for i := range 10 {
@@ -64,7 +64,7 @@ func TestRankReadsTheBestFew(t *testing.T) {
 	}
 	e := newEnv(t, keys...)
 	s := &hookStore{Store: e.store}
-	few := broker.New(e.cat, s, &broker.Options{Inspect: 3, Logger: e.log})
+	few := broker.New(e.cat, s, &broker.Options{Inspect: 3, LiveMaxAge: -1, Logger: e.log})
 	held := map[string]bool{}
 	for range 5 {
 		held[allocate(t, few, req("default")).KeyID] = true
@@ -74,7 +74,7 @@ func TestRankReadsTheBestFew(t *testing.T) {
 		require.Len(t, ids, 3)
 	}
 
-	all := broker.New(e.cat, s, &broker.Options{Inspect: -1, Logger: e.log})
+	all := broker.New(e.cat, s, &broker.Options{Inspect: -1, LiveMaxAge: -1, Logger: e.log})
 	g := allocate(t, all, req("default"))
 	require.False(t, held[g.KeyID])
 	order := s.recorded()[len(s.recorded())-1].order

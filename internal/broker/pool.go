@@ -100,9 +100,21 @@ func (p *poolRun) allocate(ctx context.Context, cands []catalog.Key) error {
 			Provider: p.req.Provider, Pool: p.pool, Candidates: order, TTL: p.req.TTL,
 		})
 		p.grant.Stats.Add(st)
+		full := errors.Is(err, optimistic.ErrNoCapacity) || errors.Is(err, optimistic.ErrUnreachable)
+		switch {
+		case err == nil:
+			// The store passed over the keys before the one granted: full
+			// or unusable, whatever was known.
+			if i := slices.Index(order, lease.KeyID); i > 0 {
+				p.live.full(order[:i]...)
+			}
+			p.live.granted(lease.KeyID, time.Now())
+		case full:
+			p.live.drop(order...)
+		}
 		// Full, or full but for keys on a server that is down: repair what
 		// answers.
-		if (errors.Is(err, optimistic.ErrNoCapacity) || errors.Is(err, optimistic.ErrUnreachable)) && !retried {
+		if full && !retried {
 			retried = true
 			n, rerr := p.repair(ctx, cands, infos)
 			if rerr != nil {
@@ -134,8 +146,9 @@ func (p *poolRun) allocate(ctx context.Context, cands []catalog.Key) error {
 // ranked again with it go first if they have a free slot, and last if not,
 // after them those whose server did not answer (a Redis Cluster master
 // that is down): the store then takes the first key in that order with a
-// free slot, skipping those it cannot reach. It returns the live state
-// read, by key id.
+// free slot, skipping those it cannot reach. The live state is known for
+// the most part (see live); it returns, by key id, the states it read from
+// the store.
 func (p *poolRun) rank(ctx context.Context, cands []catalog.Key) ([]string, map[string]optimistic.KeyInfo, error) {
 	now := time.Now()
 	byID := make(map[string]catalog.Key, len(cands))
@@ -152,23 +165,18 @@ func (p *poolRun) rank(ctx context.Context, cands []catalog.Key) ([]string, map[
 	// its place, so a dead master's keys, which rank ever higher as they
 	// go unused, cannot hide the rest.
 	var infos []optimistic.KeyInfo
+	read := map[string]optimistic.KeyInfo{}
 	next := 0
-	for read := 0; read < p.inspect && next < len(order); {
-		n := min(p.inspect-read, len(order)-next)
-		got, err := p.store.Inspect(ctx, order[next:next+n]...)
-		if errors.Is(err, optimistic.ErrUnreachable) {
-			// None of these answered; the next may.
-			got = make([]optimistic.KeyInfo, n)
-			for i, id := range order[next : next+n] {
-				got[i] = optimistic.KeyInfo{ID: id, Unreachable: true}
-			}
-		} else if err != nil {
+	for known := 0; known < p.inspect && next < len(order); {
+		n := min(p.inspect-known, len(order)-next)
+		got, err := p.liveState(ctx, order[next:next+n], read)
+		if err != nil {
 			return nil, nil, err
 		}
 		next += n
 		for _, in := range got {
 			if !in.Unreachable {
-				read++
+				known++
 			}
 		}
 		infos = append(infos, got...)
@@ -195,7 +203,41 @@ func (p *poolRun) rank(ctx context.Context, cands []catalog.Key) ([]string, map[
 		}
 	}
 	out := append(free, order[len(top):]...)
-	return append(append(out, full...), down...), live, nil
+	return append(append(out, full...), down...), read, nil
+}
+
+// liveState returns the live state of ids: as known (see live), or read
+// from the store now, in one round trip, for those it does not know;
+// those are added to read too. A key whose server did not answer comes
+// back Unreachable.
+func (p *poolRun) liveState(ctx context.Context, ids []string, read map[string]optimistic.KeyInfo) ([]optimistic.KeyInfo, error) {
+	got, missing := p.live.get(ids)
+	if len(missing) == 0 {
+		return got, nil
+	}
+	want := make([]string, len(missing))
+	for j, i := range missing {
+		want[j] = ids[i]
+	}
+	start := time.Now()
+	fresh, err := p.store.Inspect(ctx, want...)
+	switch {
+	case errors.Is(err, optimistic.ErrUnreachable):
+		// None of these answered; the next may.
+		fresh = make([]optimistic.KeyInfo, len(want))
+		for j, id := range want {
+			fresh[j] = optimistic.KeyInfo{ID: id, Unreachable: true}
+		}
+	case err != nil:
+		return nil, err
+	default:
+		p.live.put(fresh, start)
+	}
+	for j, i := range missing {
+		got[i] = fresh[j]
+		read[fresh[j].ID] = fresh[j]
+	}
+	return got, nil
 }
 
 // candidate is what ranking knows of k, with its live state in if read

@@ -16,7 +16,10 @@ import (
 // the store does.
 func (b *Broker) Release(ctx context.Context, ref optimistic.LeaseRef) error {
 	err := b.store.Release(ctx, ref)
-	if err != nil && !errors.Is(err, optimistic.ErrLeaseLost) && !errors.Is(err, optimistic.ErrInvalid) {
+	switch {
+	case err == nil:
+		b.live.released(ref.KeyID)
+	case !errors.Is(err, optimistic.ErrLeaseLost) && !errors.Is(err, optimistic.ErrInvalid):
 		b.backlog.add(ref)
 	}
 	return err

@@ -74,6 +74,11 @@ type Config struct {
 	//
 	// default: broker.DefaultInspect; negative: all
 	Inspect int
+	// LiveMaxAge is broker.Options.LiveMaxAge: how long a key's live
+	// state, once read, ranks it without another read.
+	//
+	// default: broker.DefaultLiveMaxAge; negative: read on every allocate
+	LiveMaxAge time.Duration
 	// MaxLease is the longest lease granted or renewed to, and how long a
 	// key the store lost is held back; the broker and the handlers get the
 	// same.
@@ -154,7 +159,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, err
 	}
 	opts := &broker.Options{
-		Weights: cfg.Weights, Pools: cfg.Pools, Inspect: cfg.Inspect, Requests: st.requests, Logger: cfg.Logger,
+		Weights: cfg.Weights, Pools: cfg.Pools, Inspect: cfg.Inspect, LiveMaxAge: cfg.LiveMaxAge, Requests: st.requests, Logger: cfg.Logger,
 		MaxLease: cfg.MaxLease, Losses: broker.NewLosses(), StoreID: st.id,
 	}
 	admin := broker.NewAdmin(cat, st.leases, opts)
