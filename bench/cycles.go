@@ -160,19 +160,25 @@ func drive(ctx context.Context, svcs []*service, spec workload.Spec, ids []strin
 		d.index[id] = i
 	}
 	callers := make([]*caller, spec.Workers)
+	for w := range callers {
+		c := &caller{
+			conn:     newHTTPConn(svcs[w%len(svcs)]),
+			run:      report.ServiceRun{AllocateStatus: map[string]int64{}, ReportStatus: map[string]int64{}},
+			rng:      rand.New(rand.NewPCG(seed, uint64(w))),
+			allocLat: workload.NewHistogram(), reportLat: workload.NewHistogram(),
+		}
+		defer c.conn.close()
+		// Connections are opened before the clock starts; one that fails
+		// here is dialled again by the first call, and counted.
+		_ = c.conn.dial(ctx)
+		callers[w] = c
+	}
 	conflicts, cerr := totalConflicts(ctx, svcs)
 	dials := totalDials(svcs)
 	start := time.Now()
 	deadline := start.Add(spec.Duration)
 	var wg sync.WaitGroup
-	for w := range callers {
-		c := &caller{
-			s:        svcs[w%len(svcs)],
-			run:      report.ServiceRun{AllocateStatus: map[string]int64{}, ReportStatus: map[string]int64{}},
-			rng:      rand.New(rand.NewPCG(seed, uint64(w))),
-			allocLat: workload.NewHistogram(), reportLat: workload.NewHistogram(),
-		}
-		callers[w] = c
+	for _, c := range callers {
 		wg.Go(func() { d.loop(ctx, c, deadline) })
 	}
 	wg.Wait()
@@ -235,7 +241,7 @@ type driver struct {
 // caller is one caller's instance and tally, merged into the first after
 // the run.
 type caller struct {
-	s                   *service
+	conn                *httpConn
 	run                 report.ServiceRun // counts only
 	rng                 *rand.Rand
 	allocLat, reportLat *workload.Histogram
@@ -244,7 +250,7 @@ type caller struct {
 func (d *driver) loop(ctx context.Context, c *caller, deadline time.Time) {
 	for time.Now().Before(deadline) && ctx.Err() == nil {
 		start := time.Now()
-		code, body, err := c.s.call(ctx, "allocate-key", d.allocate)
+		code, body, err := c.conn.call(ctx, "allocate-key", d.allocate)
 		if err != nil && ctx.Err() != nil {
 			return // cut short by the harness's caller, not the service's doing
 		}
@@ -291,7 +297,7 @@ func (d *driver) sendReport(ctx context.Context, c *caller, g grantAnswer) bool 
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), httpTimeout)
 	defer cancel()
 	start := time.Now()
-	code, body, err := c.s.call(rctx, "report", reportRequest(g))
+	code, body, err := c.conn.call(rctx, "report", reportRequest(g))
 	c.run.ReportCalls++
 	c.run.ReportStatus[statusKey(code, err)]++
 	var a reportAnswer

@@ -223,8 +223,10 @@ const serviceReading = `**What is measured.** *Service*: ` + "`credpool serve`" 
 	`with a fresh catalog (and, for optimistic, leases in Redis), driven over HTTP by the harness's callers in a ` +
 	`closed loop: POST /api/internal/allocate-key, and when granted at once POST /api/internal/report with ` +
 	`outcome success, which releases. A *cycle* is both answered 200 with the lease released. Latencies run from ` +
-	`sending a request to reading its answer: HTTP over kept-alive connections (opened before the clock starts), ` +
-	`routing, auth, JSON, the request log line, the broker's catalog reads and ranking, the store's ` +
+	`sending a request to reading its answer: HTTP over kept-alive connections (each caller's own, opened before ` +
+	`the clock starts, on which the caller writes and reads HTTP/1.1 itself: net/http's client spent about ` +
+	`twice the CPU per cycle on the CPUs the service shares), routing, auth, JSON, the request log line, the ` +
+	`broker's catalog reads and ranking (with the live state it keeps, see --live-max-age), the store's ` +
 	`Allocate or Release, and what the catalog does on the request path (its generation read at the start and at the re-check; uses are written behind, once a second). After an answer other than 200 a caller ` +
 	`pauses as after "no slot". *Store*: the same lease store alone, in the harness's process (no HTTP, no catalog), ` +
 	`with the same keys, limit and callers, each listing every key in its own random order, as the broker ` +

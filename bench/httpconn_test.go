@@ -1,0 +1,89 @@
+package bench
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"sync/atomic"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// A caller's connection sends what net/http's client would, keeps the
+// connection for the next call, and dials again after an answer that
+// closes it or a connection the server dropped; a call whose ctx ends
+// returns at once with ctx's error.
+func TestHTTPConn(t *testing.T) {
+	var mode atomic.Value
+	mode.Store("ok")
+	hang, entered := make(chan struct{}), make(chan struct{}, 1)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, err := io.ReadAll(r.Body)
+		require.NoError(t, err)
+		require.Equal(t, http.MethodPost, r.Method)
+		require.Equal(t, "/api/internal/allocate-key", r.URL.Path)
+		require.Equal(t, "secret", r.Header.Get("X-Internal-Key"))
+		require.Equal(t, "application/json", r.Header.Get("Content-Type"))
+		switch mode.Load() {
+		case "close":
+			w.Header().Set("Connection", "close")
+		case "drop":
+			c, _, err := w.(http.Hijacker).Hijack()
+			require.NoError(t, err)
+			require.NoError(t, c.Close())
+			return
+		case "hang":
+			entered <- struct{}{}
+			<-hang
+		}
+		w.WriteHeader(http.StatusTeapot)
+		_, _ = w.Write(append([]byte("got "), body...))
+	}))
+	t.Cleanup(srv.Close)
+	// Before Close, which waits for the handler.
+	t.Cleanup(func() { close(hang) })
+	s := &service{base: srv.URL, internal: "secret"}
+	c := newHTTPConn(s)
+	t.Cleanup(c.close)
+
+	call := func() (int, string, error) {
+		code, out, err := c.call(t.Context(), "allocate-key", []byte(`{"a":1}`))
+		return code, string(out), err
+	}
+	for range 3 {
+		code, out, err := call()
+		require.NoError(t, err)
+		require.Equal(t, http.StatusTeapot, code)
+		require.Equal(t, `got {"a":1}`, out)
+	}
+	require.EqualValues(t, 1, s.dials.Load(), "one connection for every call")
+
+	mode.Store("close")
+	_, _, err := call()
+	require.NoError(t, err)
+	mode.Store("ok")
+	_, _, err = call()
+	require.NoError(t, err)
+	require.EqualValues(t, 2, s.dials.Load(), "dialled again after Connection: close")
+
+	mode.Store("drop")
+	_, _, err = call()
+	require.Error(t, err)
+	mode.Store("ok")
+	_, _, err = call()
+	require.NoError(t, err)
+	require.EqualValues(t, 3, s.dials.Load(), "dialled again after the server dropped it")
+
+	mode.Store("hang")
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() {
+		_, _, err := c.call(ctx, "allocate-key", []byte(`{}`))
+		done <- err
+	}()
+	<-entered // the call waits for the answer
+	cancel()
+	require.ErrorIs(t, <-done, context.Canceled)
+}
