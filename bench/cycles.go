@@ -100,30 +100,6 @@ func (s *service) check(ctx context.Context, leaseSeconds int) error {
 	return nil
 }
 
-// warmRounds bounds the rounds warm spends opening connections.
-const warmRounds = 10
-
-// warm opens n connections before the clock starts, so the run does not
-// pay for connection set-up: rounds of n requests released at once, until
-// n connections were dialled. Idle ones stay open between runs.
-func (s *service) warm(ctx context.Context, n int) {
-	for range warmRounds {
-		if s.dials.Load() >= int64(n) {
-			return
-		}
-		var wg sync.WaitGroup
-		start := make(chan struct{})
-		for range n {
-			wg.Go(func() {
-				<-start
-				_, _, _ = s.do(ctx, http.MethodGet, "/healthz", "", "", nil)
-			})
-		}
-		close(start)
-		wg.Wait()
-	}
-}
-
 func allocateRequest(leaseSeconds int) []byte {
 	return mustJSON(allocateBody{
 		Provider: workload.Provider, Model: serviceModel, Pool: workload.Pool, LeaseSeconds: leaseSeconds,

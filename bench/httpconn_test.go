@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -19,20 +20,29 @@ func TestHTTPConn(t *testing.T) {
 	var mode atomic.Value
 	mode.Store("ok")
 	hang, entered := make(chan struct{}), make(chan struct{}, 1)
+	// What the server saw of each request, checked by the test.
+	type seen struct {
+		method, path, host, key, contentType string
+		length                               int64
+		body                                 string
+	}
+	requests := make(chan seen, 16)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, err := io.ReadAll(r.Body)
-		require.NoError(t, err)
-		require.Equal(t, http.MethodPost, r.Method)
-		require.Equal(t, "/api/internal/allocate-key", r.URL.Path)
-		require.Equal(t, "secret", r.Header.Get("X-Internal-Key"))
-		require.Equal(t, "application/json", r.Header.Get("Content-Type"))
+		if err != nil {
+			body = []byte(err.Error())
+		}
+		requests <- seen{
+			r.Method, r.URL.Path, r.Host, r.Header.Get("X-Internal-Key"), r.Header.Get("Content-Type"),
+			r.ContentLength, string(body),
+		}
 		switch mode.Load() {
 		case "close":
 			w.Header().Set("Connection", "close")
 		case "drop":
-			c, _, err := w.(http.Hijacker).Hijack()
-			require.NoError(t, err)
-			require.NoError(t, c.Close())
+			if c, _, err := w.(http.Hijacker).Hijack(); err == nil {
+				_ = c.Close()
+			}
 			return
 		case "hang":
 			entered <- struct{}{}
@@ -52,11 +62,16 @@ func TestHTTPConn(t *testing.T) {
 		code, out, err := c.call(t.Context(), "allocate-key", []byte(`{"a":1}`))
 		return code, string(out), err
 	}
+	host := strings.TrimPrefix(srv.URL, "http://")
 	for range 3 {
 		code, out, err := call()
 		require.NoError(t, err)
 		require.Equal(t, http.StatusTeapot, code)
 		require.Equal(t, `got {"a":1}`, out)
+		require.Equal(t, seen{
+			method: http.MethodPost, path: "/api/internal/allocate-key", host: host, key: "secret",
+			contentType: "application/json", length: 7, body: `{"a":1}`,
+		}, <-requests)
 	}
 	require.EqualValues(t, 1, s.dials.Load(), "one connection for every call")
 

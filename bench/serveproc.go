@@ -71,8 +71,6 @@ type serveOptions struct {
 	// internal and admin are the API keys, secret the CREDPOOL_SECRET_KEY
 	// that seals the catalog's credentials.
 	internal, admin, secret string
-	// conns sizes the client's idle connections.
-	conns int
 }
 
 // startService runs credpool serve as o says, listening on a free
@@ -118,9 +116,8 @@ func startService(ctx context.Context, o serveOptions) (_ *service, err error) {
 			s.dials.Add(1)
 			return (&net.Dialer{Timeout: 5 * time.Second}).DialContext(ctx, network, addr)
 		},
-		MaxIdleConnsPerHost: o.conns,
-		IdleConnTimeout:     90 * time.Second,
-		DisableCompression:  true,
+		IdleConnTimeout:    90 * time.Second,
+		DisableCompression: true,
 	}
 	s.client = &http.Client{Transport: s.transport, Timeout: httpTimeout}
 	ctx, cancel := context.WithTimeout(ctx, serveStartTimeout)

@@ -229,7 +229,7 @@ func RunService(ctx context.Context, cfg ServiceConfig) (*report.ServiceReport, 
 func serviceCells(ctx context.Context, cfg ServiceConfig, h *harness, pg *pgproc.Server, s Strategy, prog *progress) (_ []report.ServiceCell, err error) {
 	o := serveOptions{
 		argv: cfg.Serve, env: cfg.ServeEnv, db: filepath.Join(h.tmp, "catalog-"+s.Name+".db"),
-		internal: randomHex(), admin: randomHex(), secret: secretKey(), conns: slices.Max(cfg.Workers),
+		internal: randomHex(), admin: randomHex(), secret: secretKey(),
 	}
 	if pg != nil {
 		if o.db, err = newCatalogDB(ctx, pg, fmt.Sprintf("bench_%d_%s", h.id, s.Name)); err != nil {
@@ -313,9 +313,6 @@ func serviceCell(ctx context.Context, cfg ServiceConfig, h *harness, s Strategy,
 	warmUp := spec
 	warmUp.Duration = min(spec.Duration, serviceWarmUp)
 	for _, n := range counts {
-		for i, svc := range svcs[:n] {
-			svc.warm(ctx, callersOf(i, n, spec.Workers))
-		}
 		drive(ctx, svcs[:n], warmUp, ids, cfg.Seed)
 	}
 	for r := range cfg.Reps {

@@ -102,6 +102,9 @@ type serviceOptions struct {
 	wrap func(optimistic.LeaseStore) optimistic.LeaseStore
 	// requestTimeout bounds each request (default: the handlers').
 	requestTimeout time.Duration
+	// liveMaxAge is the broker's Options.LiveMaxAge (default: the
+	// broker's).
+	liveMaxAge time.Duration
 }
 
 // contendedStore is a fault: every Allocate comes back as if the store's
@@ -125,7 +128,8 @@ func startService(t *testing.T, o serviceOptions) *service {
 	cfg := server.Config{
 		Sealer: sealer, MinReplicas: o.minReplicas, MaxLease: o.maxLease,
 		InternalKey: internalKey, AdminKey: adminKey, WrapLeases: o.wrap, RequestTimeout: o.requestTimeout,
-		Logger: slog.New(slog.NewJSONHandler(s.logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+		LiveMaxAge: o.liveMaxAge,
+		Logger:     slog.New(slog.NewJSONHandler(s.logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 	}
 	if o.postgres != "" {
 		pg, err := postgres.Open(t.Context(), o.postgres)

@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -16,12 +17,22 @@ import (
 // The Redis commands one allocate costs do not grow with the pool: the
 // catalog is ranked in memory and only the best few candidates' live state
 // is read (--inspect). Measured on a real redis-server with INFO's command
-// count, at 32, 512 and 4,096 keys in the pool.
+// count, at 32, 512 and 4,096 keys in the pool, with the live state read
+// on every allocate and with it kept (--live-max-age).
 func TestAllocateCostIsBoundedByPoolSize(t *testing.T) {
+	for _, liveMaxAge := range []time.Duration{-1, 0} {
+		cost := allocateCost(t, liveMaxAge)
+		require.LessOrEqual(t, cost[4096], 2*cost[32], "live-max-age %v", liveMaxAge)
+	}
+}
+
+// allocateCost is the Redis commands per allocate at 32, 512 and 4,096
+// keys, with the broker's LiveMaxAge set to liveMaxAge.
+func allocateCost(t *testing.T, liveMaxAge time.Duration) map[int]float64 {
 	const allocates = 10
 	perAllocate := map[int]float64{}
 	for _, n := range []int{32, 512, 4096} {
-		s := startService(t, serviceOptions{})
+		s := startService(t, serviceOptions{liveMaxAge: liveMaxAge})
 		keys := make([]catalog.Key, n)
 		for i := range keys {
 			keys[i] = catalog.Key{
@@ -41,9 +52,9 @@ func TestAllocateCostIsBoundedByPoolSize(t *testing.T) {
 			require.Equal(t, http.StatusOK, code, "%v", out)
 		}
 		perAllocate[n] = float64(commands(t, s)-before-1) / allocates // less the INFO itself
-		t.Logf("%5d keys: %.1f Redis commands per allocate", n, perAllocate[n])
+		t.Logf("live-max-age %v, %5d keys: %.1f Redis commands per allocate", liveMaxAge, n, perAllocate[n])
 	}
-	require.LessOrEqual(t, perAllocate[4096], 2*perAllocate[32])
+	return perAllocate
 }
 
 // commands is the number of commands the service's redis-server processed.

@@ -91,8 +91,8 @@ func parseServe(args []string) (serveConfig, error) {
 	fs.DurationVar(&c.idleTimeout, "idle-timeout", 60*time.Second, "longest an idle keep-alive connection stays open (env CREDPOOL_IDLE_TIMEOUT)")
 	fs.DurationVar(&c.maxLease, "max-lease", broker.DefaultMaxLease, "longest lease granted or renewed to; also how long a key the lease store lost is held back (env CREDPOOL_MAX_LEASE)")
 	fs.IntVar(&c.minReplicas, "redis-min-replicas", 0, "replicas that must acknowledge a grant or renewal (WAIT); 0: none; needs --redis (env CREDPOOL_REDIS_MIN_REPLICAS)")
-	fs.IntVar(&c.inspect, "inspect", broker.DefaultInspect, "candidates per allocate, the best by the catalog, whose live state is read from the store and ranked with it; 0: all (env CREDPOOL_INSPECT)")
-	fs.DurationVar(&c.liveMaxAge, "live-max-age", broker.DefaultLiveMaxAge, "how long a key's live state, once read, ranks it without another read, kept up by this instance's own grants and releases (read again in the background after); 0: read on every allocate (env CREDPOOL_LIVE_MAX_AGE)")
+	fs.IntVar(&c.inspect, "inspect", broker.DefaultInspect, "candidates per allocate, the best by the catalog, ranked again with their live state from the store (see --live-max-age); 0: all (env CREDPOOL_INSPECT)")
+	fs.DurationVar(&c.liveMaxAge, "live-max-age", broker.DefaultLiveMaxAge, "how long a key's live state, once read, ranks it without another read, kept up by this instance's own grants and releases (then read again in the background, and before it ranks once four times older); 0: read on every allocate (env CREDPOOL_LIVE_MAX_AGE)")
 	for _, e := range serveEnv {
 		if v, ok := os.LookupEnv(e.env); ok {
 			if err := fs.Set(e.flag, v); err != nil {

@@ -348,6 +348,8 @@ func TestServeRejectsBadTimeouts(t *testing.T) {
 	require.ErrorContains(t, err, "--inspect")
 	_, err = parseServe([]string{"--live-max-age", "-1ms"})
 	require.ErrorContains(t, err, "--live-max-age")
+	require.Equal(t, time.Duration(-1), liveMaxAge(0), "0 reads on every allocate")
+	require.Equal(t, time.Second, liveMaxAge(time.Second))
 	_, err = parseServe([]string{"--redis-cluster-refresh", "0s"})
 	require.ErrorContains(t, err, "--redis-cluster-refresh")
 	t.Setenv("CREDPOOL_IDLE_TIMEOUT", "soon")

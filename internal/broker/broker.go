@@ -87,21 +87,23 @@ type Options struct {
 	// default: DefaultPoolOrder() (vip borrows default)
 	Pools PoolOrder
 	// Inspect is how many of a pool's candidates, the best by the catalog,
-	// have their live state read from the store and are ranked again with
-	// it, per allocate (see rank). More ranks by live capacity over more
-	// keys; each costs two commands in one round trip.
+	// are ranked again with their live state, per allocate (see rank;
+	// LiveMaxAge says when it is read from the store). More ranks by live
+	// capacity over more keys; each read costs two commands in one round
+	// trip.
 	//
 	// default: DefaultInspect (4); negative: every candidate
 	Inspect int
 	// LiveMaxAge is how long a key's live state, once read, ranks it
 	// without being read again: kept up meanwhile by this process's own
 	// grants and releases, and read again in the background once older
-	// (the allocate that finds it so uses it as it is). A key the store
-	// passed over (full, perhaps by other processes' grants) counts as
-	// full until then; after an allocate that found no free slot, the next
-	// reads its keys again. Ranking is all it decides: the store checks
-	// every grant against its own state. Longer saves more round trips;
-	// shorter ranks closer to what other processes do.
+	// (the allocate that finds it so uses it as it is), or before it
+	// ranks once four times older. A key the store passed over (full, or
+	// busy with another call) counts one slot busier until then; after an
+	// allocate that found no free slot, the next reads its keys again.
+	// Ranking is all it decides: the store checks every grant against its
+	// own state. Longer saves more round trips; shorter ranks closer to
+	// what other processes do.
 	//
 	// default: DefaultLiveMaxAge (100ms); negative: read on every allocate
 	LiveMaxAge time.Duration
@@ -182,12 +184,14 @@ type Broker struct {
 // New returns a Broker over a catalog and a lease store.
 func New(c Catalog, s optimistic.LeaseStore, opts *Options) *Broker {
 	o := opts.withDefaults()
+	live := newLive(s, o.LiveMaxAge, o.Logger)
+	backlog := newBacklog(s, o.Logger)
+	backlog.released = live.released
 	b := &Broker{
 		syncer:   newSyncer(c, s, o),
 		requests: o.Requests, weights: DefaultWeights(), pools: o.Pools, inspect: o.Inspect,
-		live:    newLive(s, o.LiveMaxAge, o.Logger),
-		backlog: newBacklog(s, o.Logger),
-		rng:     rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
+		live: live, backlog: backlog,
+		rng: rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
 	}
 	if o.Weights != nil {
 		b.weights = *o.Weights
@@ -198,9 +202,13 @@ func New(c Catalog, s optimistic.LeaseStore, opts *Options) *Broker {
 	return b
 }
 
-// Close stops retrying failed releases, after one last try under ctx.
-// Releases still failing are left to expire.
-func (b *Broker) Close(ctx context.Context) { b.backlog.close(ctx) }
+// Close stops reading keys' live state in the background, and retrying
+// failed releases, after one last try under ctx. Releases still failing
+// are left to expire.
+func (b *Broker) Close(ctx context.Context) {
+	b.live.close()
+	b.backlog.close(ctx)
+}
 
 // Backlog reports the releases that met a store failure and are retried
 // in the background.

@@ -172,6 +172,8 @@ type hookStore struct {
 	// inspects counts Inspect calls; inspected holds the ids each read.
 	inspects  atomic.Int32
 	inspected [][]string
+	// inspectGate, if set, runs in each Inspect after it is counted.
+	inspectGate atomic.Pointer[func()]
 
 	mu    sync.Mutex
 	calls []allocCall
@@ -206,6 +208,9 @@ func (s *hookStore) Inspect(ctx context.Context, ids ...string) ([]optimistic.Ke
 	s.mu.Lock()
 	s.inspected = append(s.inspected, ids)
 	s.mu.Unlock()
+	if gate := s.inspectGate.Load(); gate != nil {
+		(*gate)()
+	}
 	return s.Store.Inspect(ctx, ids...)
 }
 

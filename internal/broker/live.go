@@ -15,20 +15,23 @@ const liveReadTimeout = 2 * time.Second
 // live is the lease store's live state of keys as this process last read
 // it (Inspect), kept up by its own grants and releases since, so that
 // ranking does not read the store on every allocate. A state older than
-// maxAge is still used while a read of it runs in the background. A key
-// the store passed over before the one it granted counts as full; the
-// states of keys of an allocate that found none free are dropped, so the
-// next allocate reads them. Ranking is all it serves: the store decides
-// every grant on its own state. With maxAge zero or less it keeps
-// nothing. It is safe for concurrent use.
+// maxAge is still used while a read of it runs in the background, up to
+// liveStale times maxAge; older, it is read again before it ranks. A key
+// the store passed over before the one it granted (full, or busy with
+// another call) counts one slot busier; the states of the keys of an
+// allocate that found none free are dropped, so the next allocate reads
+// them. Ranking is all it serves: the store decides every grant on its own
+// state. With maxAge zero or less it keeps nothing. It is safe for
+// concurrent use.
 type live struct {
 	store  optimistic.LeaseStore
 	maxAge time.Duration
 	log    *slog.Logger
 
-	mu    sync.Mutex
-	keys  map[string]liveKey
-	swept time.Time
+	mu     sync.Mutex
+	keys   map[string]liveKey
+	swept  time.Time
+	closed bool
 	// queue holds the ids of stale states to read, in the background, by
 	// one goroutine at a time, which runs while reading is set; queued
 	// has the ids in queue or being read.
@@ -39,12 +42,22 @@ type live struct {
 
 type liveKey struct {
 	info optimistic.KeyInfo
-	read time.Time // when the read that found info started
+	read time.Time // when the read that found info started; zero: none
+	// dropped is when the state was dropped: a read that started before
+	// does not bring it back.
+	dropped time.Time
 }
 
-// liveForget is how long past maxAge a state no allocate asked for stays
-// kept: keys deleted from the catalog leave no state behind for longer.
-const liveForget = 100
+// Ages of a state, in multiples of maxAge: past liveStale it is read again
+// before it ranks; past liveForget, if no allocate asked for it, it is
+// dropped, so keys deleted from the catalog leave none behind.
+const (
+	liveStale  = 4
+	liveForget = 100
+)
+
+// liveMaxAgeCap bounds maxAge where it is multiplied, against overflow.
+const liveMaxAgeCap = time.Hour
 
 func newLive(s optimistic.LeaseStore, maxAge time.Duration, log *slog.Logger) *live {
 	return &live{store: s, maxAge: maxAge, log: log, keys: map[string]liveKey{}, queued: map[string]bool{}}
@@ -66,17 +79,18 @@ func (l *live) get(ids []string) (infos []optimistic.KeyInfo, missing []int) {
 	defer l.mu.Unlock()
 	for i, id := range ids {
 		k, ok := l.keys[id]
-		if !ok {
+		age := now.Sub(k.read)
+		if !ok || k.read.IsZero() || age > l.age(liveStale) {
 			missing = append(missing, i)
 			continue
 		}
 		infos[i] = k.info
-		if now.Sub(k.read) > l.maxAge && !l.queued[id] {
+		if age > l.maxAge && !l.queued[id] {
 			l.queued[id] = true
 			l.queue = append(l.queue, id)
 		}
 	}
-	if !l.reading && len(l.queue) > 0 {
+	if !l.reading && !l.closed && len(l.queue) > 0 {
 		l.reading = true
 		go l.refresh()
 	}
@@ -96,7 +110,7 @@ func (l *live) put(infos []optimistic.KeyInfo, read time.Time) {
 			delete(l.keys, in.ID)
 			continue
 		}
-		if k, ok := l.keys[in.ID]; !ok || !k.read.After(read) {
+		if k, ok := l.keys[in.ID]; !ok || (!k.read.After(read) && !k.dropped.After(read)) {
 			l.keys[in.ID] = liveKey{info: in, read: read}
 		}
 	}
@@ -106,16 +120,27 @@ func (l *live) put(infos []optimistic.KeyInfo, read time.Time) {
 // sweep drops, at most once per forget period, the states not read for
 // that long.
 func (l *live) sweep(now time.Time) {
-	forget := liveForget * l.maxAge
+	forget := l.age(liveForget)
 	if now.Sub(l.swept) < forget {
 		return
 	}
 	l.swept = now
 	for id, k := range l.keys {
-		if now.Sub(k.read) > forget && !l.queued[id] {
+		if now.Sub(later(k.read, k.dropped)) > forget && !l.queued[id] {
 			delete(l.keys, id)
 		}
 	}
+}
+
+// age is n times maxAge.
+func (l *live) age(n int) time.Duration { return time.Duration(n) * min(l.maxAge, liveMaxAgeCap) }
+
+// close starts no more reads in the background; one under way ends within
+// liveReadTimeout.
+func (l *live) close() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.closed = true
 }
 
 // refresh reads the queued states until none is left.
@@ -124,6 +149,12 @@ func (l *live) refresh() {
 		l.mu.Lock()
 		ids := l.queue
 		l.queue = nil
+		if l.closed {
+			for _, id := range ids {
+				delete(l.queued, id)
+			}
+			ids = nil
+		}
 		l.reading = len(ids) > 0
 		l.mu.Unlock()
 		if len(ids) == 0 {
@@ -148,31 +179,37 @@ func (l *live) refresh() {
 	}
 }
 
-// drop forgets the states of ids: the store did not find them as kept.
+// drop forgets the states of ids, and any read of them that started
+// before: the store did not find them as kept.
 func (l *live) drop(ids ...string) {
 	if l.maxAge <= 0 {
 		return
 	}
+	now := time.Now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for _, id := range ids {
-		delete(l.keys, id)
+		l.keys[id] = liveKey{dropped: now}
 	}
 }
 
-// full notes that the store found no free slot on keys ids, which rank
-// them last until a release by this process or the next read.
-func (l *live) full(ids ...string) {
+// busier notes that the store passed over keys ids: full, or busy with
+// another call (its gate, a lost race), so one slot busier than known, up
+// to full.
+func (l *live) busier(ids ...string) {
 	for _, id := range ids {
-		l.adjust(id, func(in *optimistic.KeyInfo) { in.Live = max(in.Live, in.Limit) })
+		l.adjust(id, func(in *optimistic.KeyInfo) { in.Live = min(in.Live+1, max(in.Limit, in.Live)) })
 	}
 }
 
-// granted notes a grant of key id at at by this process.
+// granted notes a grant of key id at at by this process, which proves a
+// slot was free.
 func (l *live) granted(id string, at time.Time) {
 	l.adjust(id, func(in *optimistic.KeyInfo) {
-		in.Live++
-		in.LastUsedAt = later(in.LastUsedAt, at)
+		if in.Exists {
+			in.Live = min(in.Live, in.Limit-1) + 1
+			in.LastUsedAt = later(in.LastUsedAt, at)
+		}
 	})
 }
 
@@ -187,7 +224,7 @@ func (l *live) adjust(id string, f func(*optimistic.KeyInfo)) {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if k, ok := l.keys[id]; ok {
+	if k, ok := l.keys[id]; ok && !k.read.IsZero() {
 		f(&k.info)
 		l.keys[id] = k
 	}

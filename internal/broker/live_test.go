@@ -10,54 +10,83 @@ import (
 	"github.com/credpool/credpool/internal/catalog"
 )
 
+// capacityOnly ranks by free slots alone, ties in the catalog's order.
+var capacityOnly = &broker.Weights{Capacity: 1}
+
 // A key's live state, once read, ranks it without another read: kept up
-// by this process's grants and releases, dropped when the store skipped
-// the key (another process took it), read again in the background once
-// older than LiveMaxAge.
+// by this process's grants and releases, one slot busier for a key the
+// store passed over, dropped after an allocate that found none free (the
+// next reads them).
 func TestLiveStateKept(t *testing.T) {
 	e := newEnv(t, key("a", "default", 1), key("b", "default", 1), key("c", "default", 1))
 	s := &hookStore{Store: e.store}
-	b := broker.New(e.cat, s, &broker.Options{Inspect: -1, LiveMaxAge: time.Hour, Logger: e.log})
+	b := broker.New(e.cat, s, &broker.Options{Inspect: -1, LiveMaxAge: time.Hour, Weights: capacityOnly, Logger: e.log})
+	other := broker.New(e.cat, e.store, &broker.Options{Inspect: -1, LiveMaxAge: -1, Weights: capacityOnly, Logger: e.log})
 
-	first := allocate(t, b, req("default"))
+	require.Equal(t, "a", allocate(t, b, req("default")).KeyID)
 	require.EqualValues(t, 1, s.inspects.Load(), "the first allocate reads every candidate")
-	second := allocate(t, b, req("default"))
-	require.EqualValues(t, 1, s.inspects.Load(), "the second reads none")
-	require.NotEqual(t, first.KeyID, second.KeyID, "its own grant made the first key full")
-	require.Len(t, s.recorded()[1].order, 3)
-	require.Equal(t, first.KeyID, s.recorded()[1].order[2], "full goes last")
+	// Another process takes b, which this one still counts free: the
+	// store passes over it and grants c, with no read.
+	taken := allocate(t, other, req("default"))
+	require.Equal(t, "b", taken.KeyID)
+	c := allocate(t, b, req("default"))
+	require.Equal(t, "c", c.KeyID)
+	require.Equal(t, []string{"b", "c", "a"}, s.recorded()[1].order)
+	require.EqualValues(t, 1, s.inspects.Load(), "the second allocate reads none")
 
-	// Another process takes the last key: this one still counts it free,
-	// tries it first, and is told full.
-	other := allocate(t, e.plain(), req("default"))
+	// Released here, c is free again; b now counts as full.
+	require.NoError(t, b.Release(t.Context(), c.LeaseRef))
+	require.Equal(t, "c", allocate(t, b, req("default")).KeyID)
+	require.Equal(t, "c", s.recorded()[2].order[0], "b went last with a")
+	require.EqualValues(t, 1, s.inspects.Load())
+
+	// Every key full: the store finds none, and the next allocate reads
+	// the keys again, so it sees b, released by the other process, free.
 	_, err := b.Allocate(t.Context(), req("default"))
 	capacityError(t, err)
-	require.Equal(t, other.KeyID, s.recorded()[2].order[0])
-
-	// The store skipped every key: the next allocate reads them, and its
-	// own release made the released one free.
-	require.NoError(t, b.Release(t.Context(), first.LeaseRef))
-	before := s.inspects.Load()
-	require.Equal(t, first.KeyID, allocate(t, b, req("default")).KeyID)
-	require.Greater(t, s.inspects.Load(), before)
+	require.NoError(t, other.Release(t.Context(), taken.LeaseRef))
+	require.Equal(t, "b", allocate(t, b, req("default")).KeyID)
+	calls := s.recorded()
+	require.Equal(t, "b", calls[len(calls)-1].order[0], "read again, not ranked as known")
 }
 
 // A state older than LiveMaxAge still ranks the allocate that finds it,
-// which starts a read of it in the background; with a negative
-// LiveMaxAge every allocate reads.
+// which does not wait for the read of it that starts in the background;
+// with a negative LiveMaxAge every allocate reads.
 func TestLiveStateRefreshed(t *testing.T) {
 	keys := []catalog.Key{key("a", "default", 5), key("b", "default", 5)}
 	t.Run("in the background", func(t *testing.T) {
 		e := newEnv(t, keys...)
 		s := &hookStore{Store: e.store}
-		b := broker.New(e.cat, s, &broker.Options{Inspect: -1, LiveMaxAge: time.Millisecond, Logger: e.log})
+		b := broker.New(e.cat, s, &broker.Options{Inspect: -1, LiveMaxAge: 200 * time.Millisecond, Logger: e.log})
 		g := allocate(t, b, req("default"))
 		require.NoError(t, b.Release(t.Context(), g.LeaseRef))
-		time.Sleep(2 * time.Millisecond)
-		reads := s.inspects.Load()
-		g = allocate(t, b, req("default"))
-		require.NoError(t, b.Release(t.Context(), g.LeaseRef))
-		require.Eventually(t, func() bool { return s.inspects.Load() > reads }, 10*time.Second, time.Millisecond)
+		require.EqualValues(t, 1, s.inspects.Load())
+
+		entered, release := make(chan struct{}, 1), make(chan struct{})
+		gate := func() {
+			entered <- struct{}{}
+			<-release
+		}
+		s.inspectGate.Store(&gate)
+		time.Sleep(250 * time.Millisecond) // past LiveMaxAge, within four times it
+		done := make(chan error, 1)
+		go func() {
+			g, err := b.Allocate(t.Context(), req("default"))
+			if err == nil {
+				err = b.Release(t.Context(), g.LeaseRef)
+			}
+			done <- err
+		}()
+		<-entered
+		select {
+		case err := <-done:
+			require.NoError(t, err, "granted while the read was held")
+		case <-time.After(time.Minute):
+			t.Fatal("the allocate waited for the read of the live state")
+		}
+		close(release)
+		b.Close(t.Context())
 	})
 	t.Run("never kept", func(t *testing.T) {
 		e := newEnv(t, keys...)

@@ -3,6 +3,7 @@ package broker
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"time"
 
@@ -103,10 +104,9 @@ func (p *poolRun) allocate(ctx context.Context, cands []catalog.Key) error {
 		full := errors.Is(err, optimistic.ErrNoCapacity) || errors.Is(err, optimistic.ErrUnreachable)
 		switch {
 		case err == nil:
-			// The store passed over the keys before the one granted: full
-			// or unusable, whatever was known.
+			// The store passed over the keys before the one granted.
 			if i := slices.Index(order, lease.KeyID); i > 0 {
-				p.live.full(order[:i]...)
+				p.live.busier(order[:i]...)
 			}
 			p.live.granted(lease.KeyID, time.Now())
 		case full:
@@ -230,6 +230,8 @@ func (p *poolRun) liveState(ctx context.Context, ids []string, read map[string]o
 		}
 	case err != nil:
 		return nil, err
+	case len(fresh) != len(want):
+		return nil, fmt.Errorf("%w: inspect: %d states for %d keys", optimistic.ErrStore, len(fresh), len(want))
 	default:
 		p.live.put(fresh, start)
 	}

@@ -45,6 +45,8 @@ type Backlog struct {
 type backlog struct {
 	store optimistic.LeaseStore
 	log   *slog.Logger
+	// released, if set, is told the key of each release the store took.
+	released func(keyID string)
 	// turn holds a token while a round runs: one at a time, so no release
 	// is sent twice and counted twice.
 	turn chan struct{}
@@ -179,6 +181,9 @@ func (q *backlog) retry(ctx context.Context, keyIDs []string) bool {
 		lost := errors.Is(err, optimistic.ErrLeaseLost)
 		if err != nil && !lost {
 			return false
+		}
+		if err == nil && q.released != nil {
+			q.released(ref.KeyID)
 		}
 		q.settle(ref, lost)
 	}
