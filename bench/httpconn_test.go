@@ -75,21 +75,20 @@ func TestHTTPConn(t *testing.T) {
 	}
 	require.EqualValues(t, 1, s.dials.Load(), "one connection for every call")
 
-	mode.Store("close")
-	_, _, err := call()
-	require.NoError(t, err)
-	mode.Store("ok")
-	_, _, err = call()
-	require.NoError(t, err)
-	require.EqualValues(t, 2, s.dials.Load(), "dialled again after Connection: close")
-
-	mode.Store("drop")
-	_, _, err = call()
-	require.Error(t, err)
-	mode.Store("ok")
-	_, _, err = call()
-	require.NoError(t, err)
-	require.EqualValues(t, 3, s.dials.Load(), "dialled again after the server dropped it")
+	// One call answered as mode says (an error or not, as fails says), then
+	// one answered plainly, on a connection dialled again.
+	for i, answer := range []struct {
+		mode  string
+		fails bool
+	}{{"close", false}, {"drop", true}} {
+		mode.Store(answer.mode)
+		_, _, err := call()
+		require.Equal(t, answer.fails, err != nil, "%s: %v", answer.mode, err)
+		mode.Store("ok")
+		_, _, err = call()
+		require.NoError(t, err)
+		require.EqualValues(t, 2+i, s.dials.Load(), "dialled again after %s", answer.mode)
+	}
 
 	mode.Store("hang")
 	ctx, cancel := context.WithCancel(t.Context())

@@ -46,6 +46,11 @@ type Catalog interface {
 	// Key reads a key without its secret: to check its state.
 	Key(ctx context.Context, id string) (catalog.Key, error)
 	ResolveModel(ctx context.Context, provider, model string) (string, error)
+	// ResolveRecent is ResolveModel from a recent snapshot, read without
+	// the generation if recent (see catalog.Cache), and names it.
+	ResolveRecent(ctx context.Context, provider, model string) (string, catalog.Snapshot, error)
+	// Current reads the generation and names the current snapshot.
+	Current(ctx context.Context) (catalog.Snapshot, error)
 	// MarkUsed notes that a key was handed out, written behind
 	// (catalog.Cache): nothing on the request path waits for it.
 	MarkUsed(id string, at time.Time)
@@ -268,10 +273,67 @@ func (b *Broker) Allocate(ctx context.Context, req Request) (Grant, error) {
 	if req.RequestID != "" && b.requests == nil {
 		return Grant{}, fmt.Errorf("%w: request_id: not supported by this lease store", optimistic.ErrInvalid)
 	}
-	model, err := b.catalog.ResolveModel(ctx, req.Provider, req.Model)
+	if req.Wait > 0 {
+		// A request that may wait long starts from the current catalog.
+		model, err := b.catalog.ResolveModel(ctx, req.Provider, req.Model)
+		if err != nil {
+			return Grant{}, catalogErr(ctx, "resolve model", err)
+		}
+		g, err := b.allocateModel(ctx, req, model)
+		return g, aliasMoved(err)
+	}
+	// The catalog as recently read, without a read of its own: a grant is
+	// re-checked against the current catalog (confirm), and an answer of
+	// no grant is given only if the catalog did not move since.
+	model, snap, err := b.catalog.ResolveRecent(ctx, req.Provider, req.Model)
 	if err != nil {
 		return Grant{}, catalogErr(ctx, "resolve model", err)
 	}
+	g, err := b.allocateModel(ctx, req, model)
+	if !fromSnapshot(err) || ctx.Err() != nil {
+		// A caller that left gets the answer as it is.
+		return g, aliasMoved(err)
+	}
+	now, cerr := b.catalog.Current(ctx)
+	if cerr != nil {
+		return Grant{Stats: g.Stats}, catalogErr(ctx, "read generation", cerr)
+	}
+	if now == snap {
+		return g, aliasMoved(err)
+	}
+	// It moved: the answer is the current catalog's.
+	st := g.Stats
+	if model, _, err = b.catalog.ResolveRecent(ctx, req.Provider, req.Model); err != nil {
+		return Grant{Stats: st}, catalogErr(ctx, "resolve model", err)
+	}
+	g, err = b.allocateModel(ctx, req, model)
+	g.Stats.Add(st)
+	return g, aliasMoved(err)
+}
+
+// errAliasMoved is confirm's answer when the model's alias changed in the
+// catalog since the request resolved it: the grant was given back, and the
+// request is answered from the current catalog.
+var errAliasMoved = errors.New("broker: the model's alias changed")
+
+// fromSnapshot reports whether err is an answer of no grant that a newer
+// catalog may change: no keys, policy, full, or a moved alias.
+func fromSnapshot(err error) bool {
+	return errors.Is(err, ErrNoCandidates) || errors.Is(err, ErrPolicy) ||
+		errors.Is(err, optimistic.ErrNoCapacity) || errors.Is(err, errAliasMoved)
+}
+
+// aliasMoved is err, or for errAliasMoved a contended answer: the alias
+// moved again, or while a request waited; the caller asks again.
+func aliasMoved(err error) error {
+	if errors.Is(err, errAliasMoved) {
+		return fmt.Errorf("%w: the model's alias changed while allocating", optimistic.ErrContended)
+	}
+	return err
+}
+
+// allocateModel is Allocate for the canonical model.
+func (b *Broker) allocateModel(ctx context.Context, req Request, model string) (Grant, error) {
 	if req.RequestID == "" {
 		return b.allocate(ctx, req, model)
 	}

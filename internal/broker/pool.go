@@ -352,9 +352,10 @@ func differs(in optimistic.KeyInfo, want optimistic.KeyState) bool {
 
 // confirm re-reads the granted key in the catalog (catalog.Cache reads
 // the generation, and the row only if it moved). If it still exists,
-// belongs to this provider and pool, is usable and serves the model, it
-// notes last_used_at and fills the grant. Otherwise it gives the slot
-// back, brings the store in line with the catalog, and reports false.
+// belongs to this provider and pool, is usable and serves the model, and
+// the model's alias did not move, it notes last_used_at and fills the
+// grant. Otherwise it gives the slot back, brings the store in line with
+// the catalog (but for a moved alias: errAliasMoved), and reports false.
 func (p *poolRun) confirm(ctx context.Context, lease optimistic.Lease) (bool, error) {
 	now := time.Now()
 	k, err := p.catalog.Get(ctx, lease.KeyID)
@@ -380,6 +381,12 @@ func (p *poolRun) confirm(ctx context.Context, lease optimistic.Lease) (bool, er
 		p.giveBack(ctx, lease, reason)
 		p.align(ctx, lease.KeyID, k, err == nil)
 		return false, nil
+	}
+	// The request resolved its model from a recent snapshot; Get made it
+	// current.
+	if canonical, _, err := p.catalog.ResolveRecent(ctx, p.req.Provider, p.req.Model); err == nil && canonical != p.model {
+		p.giveBack(ctx, lease, "model alias changed")
+		return false, errAliasMoved
 	}
 	p.catalog.MarkUsed(k.ID, now)
 	p.grant.Lease, p.grant.Secret = lease, k.Secret

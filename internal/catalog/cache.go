@@ -25,14 +25,14 @@ import (
 // rows stamped since (everything if the catalog went back to an older
 // state, or the Cache is further behind than the catalog remembers):
 //
-//   - Key, Get and ResolveModel read the generation on every call (one
-//     prepared row; concurrent calls share a read that started after they
-//     asked, see genCheck): a request, which resolves its model first,
-//     sees every change committed before it started, and the post-grant
-//     re-check every change committed before the grant.
-//   - List trusts a snapshot confirmed within MaxAge, unless this process
-//     wrote to the catalog since: called after ResolveModel, it lists the
-//     catalog as of the request's start without a read of its own.
+//   - Key, Get, ResolveModel and Current read the generation on every
+//     call (one prepared row; concurrent calls share a read that started
+//     after they asked, see genCheck): the post-grant re-check sees every
+//     change committed before the grant.
+//   - List and ResolveRecent trust a snapshot confirmed within MaxAge,
+//     unless this process wrote to the catalog since. ResolveRecent names
+//     the snapshot it used, so that a request that started from it can
+//     ask Current, before it answers from it, whether the catalog moved.
 //
 // Binaries older than this protocol write the catalog without moving the
 // generation: stop them before starting this one on a shared catalog.
@@ -244,6 +244,35 @@ func (c *Cache) Get(ctx context.Context, id string) (Key, error) {
 	return k, nil
 }
 
+// Snapshot names the catalog state a Cache read: equal Snapshots are the
+// same generation.
+type Snapshot struct {
+	gen   int64
+	stamp string
+}
+
+// Current returns the Snapshot of the current generation: it reads the
+// generation (see genCheck), and the rows that changed if it moved.
+func (c *Cache) Current(ctx context.Context) (Snapshot, error) {
+	s, err := c.current(ctx, true)
+	if err != nil {
+		return Snapshot{}, err
+	}
+	return Snapshot{s.gen, s.stamp}, nil
+}
+
+// ResolveRecent is ResolveModel from the snapshot List reads (see Cache
+// for how fresh), without a read of the generation if that snapshot is
+// recent; it returns which snapshot that was, so that the caller can ask
+// Current whether the catalog moved since.
+func (c *Cache) ResolveRecent(ctx context.Context, provider, model string) (string, Snapshot, error) {
+	s, err := c.current(ctx, false)
+	if err != nil {
+		return "", Snapshot{}, err
+	}
+	return s.resolve(provider, model), Snapshot{s.gen, s.stamp}, nil
+}
+
 // ResolveModel returns the canonical model that model names for provider
 // (see SQL.SetAlias): its alias target, or model itself when it is no
 // alias; from a snapshot of the current generation.
@@ -252,10 +281,15 @@ func (c *Cache) ResolveModel(ctx context.Context, provider, model string) (strin
 	if err != nil {
 		return "", err
 	}
+	return s.resolve(provider, model), nil
+}
+
+// resolve is model's canonical name for provider in s.
+func (s *snapshot) resolve(provider, model string) string {
 	if canonical, ok := s.aliases[alias{provider, model}]; ok {
-		return canonical, nil
+		return canonical
 	}
-	return model, nil
+	return model
 }
 
 // MarkUsed notes that the key was handed out at at, to be written behind:

@@ -132,6 +132,37 @@ func TestCacheListWithinMaxAge(t *testing.T) {
 	})
 }
 
+// ResolveRecent resolves from the snapshot List reads, within MaxAge, and
+// names it; Current reads the generation and names the current snapshot,
+// which differs once another process changed the catalog, and brings
+// ResolveRecent and List up to date.
+func TestCacheResolveRecentNamesItsSnapshot(t *testing.T) {
+	engines(t, func(t *testing.T, db database) {
+		here, there := twoProcesses(t, db)
+		require.NoError(t, there.SetAlias(t.Context(), "openai", "latest", "gpt-4o"))
+		c := newCache(t, here, hour)
+		model, snap, err := c.ResolveRecent(t.Context(), "openai", "latest")
+		require.NoError(t, err)
+		require.Equal(t, "gpt-4o", model)
+		now, err := c.Current(t.Context())
+		require.NoError(t, err)
+		require.Equal(t, snap, now, "nothing changed")
+
+		require.NoError(t, there.SetAlias(t.Context(), "openai", "latest", "gpt-4.1"))
+		model, again, err := c.ResolveRecent(t.Context(), "openai", "latest")
+		require.NoError(t, err)
+		require.Equal(t, "gpt-4o", model, "the snapshot within MaxAge")
+		require.Equal(t, snap, again)
+		now, err = c.Current(t.Context())
+		require.NoError(t, err)
+		require.NotEqual(t, snap, now, "the catalog moved")
+		model, again, err = c.ResolveRecent(t.Context(), "openai", "latest")
+		require.NoError(t, err)
+		require.Equal(t, "gpt-4.1", model)
+		require.Equal(t, now, again)
+	})
+}
+
 // This process's own writes reach every read at once, MaxAge or not.
 func TestCacheSeesOwnWritesAtOnce(t *testing.T) {
 	engines(t, func(t *testing.T, db database) {

@@ -1,0 +1,75 @@
+package broker_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/credpool/credpool/internal/broker"
+	"github.com/credpool/credpool/internal/catalog"
+	"github.com/credpool/credpool/optimistic"
+)
+
+// trusting is a Cache over e's catalog that trusts its snapshot for an
+// hour: it reads the generation only where a request must.
+func trusting(t *testing.T, e *env) *catalog.Cache {
+	t.Helper()
+	sql, err := catalog.New(t.Context(), e.db, nil)
+	require.NoError(t, err)
+	c, err := catalog.NewCache(t.Context(), sql, &catalog.CacheOptions{MaxAge: time.Hour})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, c.Close(context.Background())) })
+	return c
+}
+
+// elsewhere is an Admin over e's catalog as another process has it: its
+// writes are not this process's own.
+func elsewhere(t *testing.T, e *env) *broker.Admin {
+	t.Helper()
+	sql, err := catalog.New(t.Context(), e.db, nil)
+	require.NoError(t, err)
+	return broker.NewAdmin(cache(t, sql), e.store, nil)
+}
+
+// A request starts from a recent snapshot, without a read of the
+// generation, but does not answer "full" from it when the catalog moved
+// since: a key another process added is granted at once.
+func TestNoGrantAnsweredFromTheCurrentCatalog(t *testing.T) {
+	e := newEnv(t, key("a", "default", 1))
+	b := broker.New(trusting(t, e), e.store, &broker.Options{Logger: e.log})
+	require.Equal(t, "a", allocate(t, b, req("default")).KeyID)
+
+	other := elsewhere(t, e)
+	_, err := other.Put(t.Context(), key("n", "default", 1))
+	require.NoError(t, err)
+	require.Equal(t, "n", allocate(t, b, req("default")).KeyID)
+
+	_, err = b.Allocate(t.Context(), req("default"))
+	capacityError(t, err)
+}
+
+// A grant on a model resolved through an alias that another process has
+// moved since is given back, and the request served on the alias's new
+// target.
+func TestGrantFollowsAMovedAlias(t *testing.T) {
+	old, moved := key("old", "default", 1), key("new", "default", 1)
+	old.Models, moved.Models = []string{"m-old"}, []string{"m-new"}
+	e := newEnv(t, old, moved)
+	require.NoError(t, e.admin.SetAlias(t.Context(), provider, "m", "m-old"))
+	b := broker.New(trusting(t, e), e.store, &broker.Options{Logger: e.log})
+	r := req("default")
+	r.Model = "m"
+	g := allocate(t, b, r)
+	require.Equal(t, "old", g.KeyID)
+	require.NoError(t, b.Release(t.Context(), g.LeaseRef))
+
+	other := elsewhere(t, e)
+	require.NoError(t, other.SetAlias(t.Context(), provider, "m", "m-new"))
+	g = allocate(t, b, r)
+	require.Equal(t, "new", g.KeyID)
+	require.Equal(t, "m-new", g.Model)
+	require.Zero(t, e.live(t, "old"), "the grant on the old target was given back")
+	require.Equal(t, optimistic.StatusAvailable, e.info(t, "old").Status)
+}
