@@ -3,8 +3,9 @@
 // jitter, rank.go), lease a slot from the store, repair the store's view
 // from the catalog when it answers "full" the first time, then re-check the
 // catalog before handing out the credential and give the slot back if the
-// key was disabled, moved or deleted meanwhile. It also serves renew,
-// report and release, and key administration (Admin).
+// key was disabled, moved or deleted meanwhile (or the model's alias
+// moved), and answer "no grant" only from the current catalog. It also
+// serves renew, report and release, and key administration (Admin).
 package broker
 
 import (
@@ -273,8 +274,9 @@ func (b *Broker) Allocate(ctx context.Context, req Request) (Grant, error) {
 	if req.RequestID != "" && b.requests == nil {
 		return Grant{}, fmt.Errorf("%w: request_id: not supported by this lease store", optimistic.ErrInvalid)
 	}
-	if req.Wait > 0 {
-		// A request that may wait long starts from the current catalog.
+	if !req.recent() {
+		// A request that may wait long, or whose id records the model it
+		// was served on, starts from the current catalog.
 		model, err := b.catalog.ResolveModel(ctx, req.Provider, req.Model)
 		if err != nil {
 			return Grant{}, catalogErr(ctx, "resolve model", err)
@@ -311,9 +313,15 @@ func (b *Broker) Allocate(ctx context.Context, req Request) (Grant, error) {
 	return g, aliasMoved(err)
 }
 
+// recent reports whether req starts from a recent snapshot of the catalog
+// (see Allocate): not if it may wait, nor if it carries a request id (a
+// replay must match the model the id was first served on).
+func (r Request) recent() bool { return r.Wait <= 0 && r.RequestID == "" }
+
 // errAliasMoved is confirm's answer when the model's alias changed in the
-// catalog since the request resolved it: the grant was given back, and the
-// request is answered from the current catalog.
+// catalog since a request that started from a recent snapshot resolved it:
+// the grant was given back, and the request is answered from the current
+// catalog.
 var errAliasMoved = errors.New("broker: the model's alias changed")
 
 // fromSnapshot reports whether err is an answer of no grant that a newer
@@ -324,7 +332,8 @@ func fromSnapshot(err error) bool {
 }
 
 // aliasMoved is err, or for errAliasMoved a contended answer: the alias
-// moved again, or while a request waited; the caller asks again.
+// moved again while the request ran on the current catalog; the caller
+// asks again.
 func aliasMoved(err error) error {
 	if errors.Is(err, errAliasMoved) {
 		return fmt.Errorf("%w: the model's alias changed while allocating", optimistic.ErrContended)

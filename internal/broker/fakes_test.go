@@ -269,12 +269,29 @@ type flakyCatalog struct {
 	failReports atomic.Int32
 	// beforeQuarantine, if set, runs before each Quarantine.
 	beforeQuarantine func(id string)
+	// frozen makes Current name the snapshot the last ResolveRecent did,
+	// as if the catalog never moved since.
+	frozen   bool
+	resolved atomic.Pointer[catalog.Snapshot]
 
 	mu    sync.Mutex
 	reads int
 }
 
 // fault counts a read of one key and answers readErr if it is the one to fail.
+func (c *flakyCatalog) ResolveRecent(ctx context.Context, provider, model string) (string, catalog.Snapshot, error) {
+	canonical, snap, err := c.Cache.ResolveRecent(ctx, provider, model)
+	c.resolved.Store(&snap)
+	return canonical, snap, err
+}
+
+func (c *flakyCatalog) Current(ctx context.Context) (catalog.Snapshot, error) {
+	if snap := c.resolved.Load(); c.frozen && snap != nil {
+		return *snap, nil
+	}
+	return c.Cache.Current(ctx)
+}
+
 func (c *flakyCatalog) fault() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()

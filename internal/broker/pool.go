@@ -382,11 +382,15 @@ func (p *poolRun) confirm(ctx context.Context, lease optimistic.Lease) (bool, er
 		p.align(ctx, lease.KeyID, k, err == nil)
 		return false, nil
 	}
-	// The request resolved its model from a recent snapshot; Get made it
-	// current.
-	if canonical, _, err := p.catalog.ResolveRecent(ctx, p.req.Provider, p.req.Model); err == nil && canonical != p.model {
-		p.giveBack(ctx, lease, "model alias changed")
-		return false, errAliasMoved
+	// A request that resolved its model from a recent snapshot checks the
+	// alias on the snapshot Get made current (no read of its own, unless
+	// this process wrote since; if that read fails the grant stands: the
+	// key is confirmed).
+	if p.req.recent() {
+		if canonical, _, err := p.catalog.ResolveRecent(ctx, p.req.Provider, p.req.Model); err == nil && canonical != p.model {
+			p.giveBack(ctx, lease, "model alias changed")
+			return false, errAliasMoved
+		}
 	}
 	p.catalog.MarkUsed(k.ID, now)
 	p.grant.Lease, p.grant.Secret = lease, k.Secret

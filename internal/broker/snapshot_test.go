@@ -24,13 +24,13 @@ func trusting(t *testing.T, e *env) *catalog.Cache {
 	return c
 }
 
-// elsewhere is an Admin over e's catalog as another process has it: its
-// writes are not this process's own.
-func elsewhere(t *testing.T, e *env) *broker.Admin {
+// elsewhere is e's catalog as another process has it: its writes are not
+// this process's own.
+func elsewhere(t *testing.T, e *env) *catalog.Cache {
 	t.Helper()
 	sql, err := catalog.New(t.Context(), e.db, nil)
 	require.NoError(t, err)
-	return broker.NewAdmin(cache(t, sql), e.store, nil)
+	return cache(t, sql)
 }
 
 // A request starts from a recent snapshot, without a read of the
@@ -41,13 +41,19 @@ func TestNoGrantAnsweredFromTheCurrentCatalog(t *testing.T) {
 	b := broker.New(trusting(t, e), e.store, &broker.Options{Logger: e.log})
 	require.Equal(t, "a", allocate(t, b, req("default")).KeyID)
 
-	other := elsewhere(t, e)
+	other := broker.NewAdmin(elsewhere(t, e), e.store, nil)
 	_, err := other.Put(t.Context(), key("n", "default", 1))
 	require.NoError(t, err)
 	require.Equal(t, "n", allocate(t, b, req("default")).KeyID)
-
 	_, err = b.Allocate(t.Context(), req("default"))
 	capacityError(t, err)
+
+	// No key at all, then one added elsewhere: not "no keys".
+	_, err = b.Allocate(t.Context(), req("gold"))
+	require.ErrorIs(t, err, broker.ErrNoCandidates)
+	_, err = other.Put(t.Context(), key("g", "gold", 1))
+	require.NoError(t, err)
+	require.Equal(t, "g", allocate(t, b, req("gold")).KeyID)
 }
 
 // A grant on a model resolved through an alias that another process has
@@ -65,11 +71,34 @@ func TestGrantFollowsAMovedAlias(t *testing.T) {
 	require.Equal(t, "old", g.KeyID)
 	require.NoError(t, b.Release(t.Context(), g.LeaseRef))
 
-	other := elsewhere(t, e)
+	other := broker.NewAdmin(elsewhere(t, e), e.store, nil)
 	require.NoError(t, other.SetAlias(t.Context(), provider, "m", "m-new"))
 	g = allocate(t, b, r)
 	require.Equal(t, "new", g.KeyID)
 	require.Equal(t, "m-new", g.Model)
 	require.Zero(t, e.live(t, "old"), "the grant on the old target was given back")
 	require.Equal(t, optimistic.StatusAvailable, e.info(t, "old").Status)
+}
+
+// A request id served elsewhere after an alias moved is replayed here,
+// not refused as reused for another model: a request with an id resolves
+// its model on the current catalog.
+func TestRequestIDFollowsAMovedAlias(t *testing.T) {
+	old, moved := key("old", "default", 1), key("new", "default", 1)
+	old.Models, moved.Models = []string{"m-old"}, []string{"m-new"}
+	e := newEnv(t, old, moved)
+	require.NoError(t, e.admin.SetAlias(t.Context(), provider, "m", "m-old"))
+	b := broker.New(trusting(t, e), e.store, &broker.Options{Requests: e.requests, Logger: e.log})
+	r := req("default")
+	r.Model = "m"
+	g := allocate(t, b, r)
+	require.NoError(t, b.Release(t.Context(), g.LeaseRef))
+
+	there := elsewhere(t, e)
+	require.NoError(t, broker.NewAdmin(there, e.store, nil).SetAlias(t.Context(), provider, "m", "m-new"))
+	r.RequestID = "r1"
+	first := allocate(t, broker.New(there, e.store, &broker.Options{Requests: e.requests, Logger: e.log}), r)
+	require.Equal(t, "new", first.KeyID)
+	again := allocate(t, b, r)
+	require.Equal(t, first.LeaseID, again.LeaseID, "replayed")
 }

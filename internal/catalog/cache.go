@@ -77,8 +77,8 @@ type Cache struct {
 
 // CacheOptions configure a Cache; nil means defaults.
 type CacheOptions struct {
-	// MaxAge is how long List trusts a snapshot before reading the
-	// generation again.
+	// MaxAge is how long List and ResolveRecent trust a snapshot before
+	// reading the generation again.
 	//
 	// default: 100ms
 	MaxAge time.Duration
