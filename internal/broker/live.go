@@ -64,8 +64,9 @@ func newLive(s optimistic.LeaseStore, maxAge time.Duration, log *slog.Logger) *l
 }
 
 // get returns the known state of each of ids, and the indexes of those
-// with none, which the caller reads from the store and puts. A state older
-// than maxAge is returned and read again in the background.
+// with none (or one older than liveStale times maxAge), which the caller
+// reads from the store and puts. A state older than maxAge is returned and
+// read again in the background.
 func (l *live) get(ids []string) (infos []optimistic.KeyInfo, missing []int) {
 	infos = make([]optimistic.KeyInfo, len(ids))
 	if l.maxAge <= 0 {
