@@ -368,12 +368,6 @@ func serviceCell(ctx context.Context, cfg ServiceConfig, h *harness, s Strategy,
 	return cells, nil
 }
 
-// callersOf is how many of workers callers, spread round-robin over n
-// instances, call instance i.
-func callersOf(i, n, workers int) int {
-	return (workers - i + n - 1) / n
-}
-
 // serviceSummary is a service run in one line.
 func serviceSummary(r report.ServiceRun) string {
 	s := fmt.Sprintf("%.0f cycles/s, allocate p50 %.2fms p99 %.2fms, %d of %d allocates 200",
