@@ -102,6 +102,34 @@ func (m *Metrics) watchWaiting(waiting func() int) {
 	}, func() float64 { return float64(waiting()) }))
 }
 
+// watchLiveReads exports how the live state ranking used was come by,
+// read at each scrape.
+func (m *Metrics) watchLiveReads(reads func() broker.LiveReads) {
+	m.reg.MustRegister(&liveReadsCollector{
+		reads: reads,
+		desc: prometheus.NewDesc("credpool_rank_live_state_total",
+			"Keys' live states (free slots, last grant) for ranking, by source: kept (ranked an allocate without a read), "+
+				"read (by an allocate, in its own round trip) and background (read again once older than --live-max-age).",
+			[]string{"source"}, nil),
+	})
+}
+
+// liveReadsCollector reads the counts once per scrape. It is safe for
+// concurrent use.
+type liveReadsCollector struct {
+	reads func() broker.LiveReads
+	desc  *prometheus.Desc
+}
+
+func (c *liveReadsCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c *liveReadsCollector) Collect(ch chan<- prometheus.Metric) {
+	r := c.reads()
+	ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(r.Kept), "kept")
+	ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(r.Read), "read")
+	ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(r.Background), "background")
+}
+
 // watchBacklog exports the broker's release backlog, read at each scrape.
 func (m *Metrics) watchBacklog(backlog func() broker.Backlog) {
 	m.reg.MustRegister(&backlogCollector{

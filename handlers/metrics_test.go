@@ -81,3 +81,20 @@ func TestBacklogMetricsReadOncePerScrape(t *testing.T) {
 	}, got)
 	require.Equal(t, 1, calls)
 }
+
+// The live-state counts come from one read per scrape, one series per
+// source.
+func TestLiveReadsMetrics(t *testing.T) {
+	calls := 0
+	m := NewMetrics()
+	m.watchLiveReads(func() broker.LiveReads {
+		calls++
+		return broker.LiveReads{Kept: 5, Read: 2, Background: 1}
+	})
+	const name = "credpool_rank_live_state_total"
+	got := scrape(t, m, name+`{source="kept"}`, name+`{source="read"}`, name+`{source="background"}`)
+	require.Equal(t, map[string]float64{
+		name + `{source="kept"}`: 5, name + `{source="read"}`: 2, name + `{source="background"}`: 1,
+	}, got)
+	require.Equal(t, 1, calls)
+}

@@ -34,6 +34,10 @@ type backlogger interface{ Backlog() broker.Backlog }
 // metrics then report how many wait.
 type waiter interface{ Waiting() int }
 
+// liveReader is a Service that ranks on kept live state; the metrics then
+// report how it was come by.
+type liveReader interface{ LiveReads() broker.LiveReads }
+
 // Admin is what the admin API and /readyz need.
 type Admin interface {
 	Put(ctx context.Context, k catalog.Key) (catalog.Key, error)
@@ -113,6 +117,9 @@ func New(cfg Config) (http.Handler, error) {
 	}
 	if w, ok := cfg.Service.(waiter); ok {
 		cfg.Metrics.watchWaiting(w.Waiting)
+	}
+	if l, ok := cfg.Service.(liveReader); ok {
+		cfg.Metrics.watchLiveReads(l.LiveReads)
 	}
 	cfg.Metrics.watchLosses(cfg.Admin.Losses)
 	if cfg.Nodes != nil {

@@ -220,6 +220,10 @@ func (b *Broker) Close(ctx context.Context) {
 // in the background.
 func (b *Broker) Backlog() Backlog { return b.backlog.stats() }
 
+// LiveReads counts how the keys' live state that ranks allocates was
+// come by: kept, read by an allocate, or read in the background.
+func (b *Broker) LiveReads() LiveReads { return b.live.reads() }
+
 // Waiting reports how many allocate requests wait in line for a slot (0
 // if the store cannot wait).
 func (b *Broker) Waiting() int {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/credpool/credpool/optimistic"
@@ -38,6 +39,15 @@ type live struct {
 	queue   []string
 	queued  map[string]bool
 	reading bool
+
+	kept, read, background atomic.Int64 // see LiveReads
+}
+
+// LiveReads counts, since start, the keys' live states that ranked an
+// allocate as kept (no read), those an allocate read from the store, and
+// those read again in the background (see Options.LiveMaxAge).
+type LiveReads struct {
+	Kept, Read, Background int64
 }
 
 type liveKey struct {
@@ -91,11 +101,17 @@ func (l *live) get(ids []string) (infos []optimistic.KeyInfo, missing []int) {
 			l.queue = append(l.queue, id)
 		}
 	}
+	l.kept.Add(int64(len(ids) - len(missing)))
 	if !l.reading && !l.closed && len(l.queue) > 0 {
 		l.reading = true
 		go l.refresh()
 	}
 	return infos, missing
+}
+
+// reads returns the counts.
+func (l *live) reads() LiveReads {
+	return LiveReads{Kept: l.kept.Load(), Read: l.read.Load(), Background: l.background.Load()}
 }
 
 // put keeps states read from the store by a read that started at read. A
@@ -170,6 +186,7 @@ func (l *live) refresh() {
 			l.log.Debug("read live state of keys", "keys", len(ids), "err", err)
 			l.drop(ids...)
 		} else {
+			l.background.Add(int64(len(ids)))
 			l.put(infos, read)
 		}
 		l.mu.Lock()

@@ -25,6 +25,7 @@ func TestLiveStateKept(t *testing.T) {
 
 	require.Equal(t, "a", allocate(t, b, req("default")).KeyID)
 	require.EqualValues(t, 1, s.inspects.Load(), "the first allocate reads every candidate")
+	require.Equal(t, broker.LiveReads{Read: 3}, b.LiveReads())
 	// Another process takes b, which this one still counts free: the
 	// store passes over it and grants c, with no read.
 	taken := allocate(t, other, req("default"))
@@ -33,6 +34,7 @@ func TestLiveStateKept(t *testing.T) {
 	require.Equal(t, "c", c.KeyID)
 	require.Equal(t, []string{"b", "c", "a"}, s.recorded()[1].order)
 	require.EqualValues(t, 1, s.inspects.Load(), "the second allocate reads none")
+	require.Equal(t, broker.LiveReads{Kept: 3, Read: 3}, b.LiveReads())
 
 	// Released here, c is free again; b now counts as full.
 	require.NoError(t, b.Release(t.Context(), c.LeaseRef))
@@ -86,6 +88,7 @@ func TestLiveStateRefreshed(t *testing.T) {
 			t.Fatal("the allocate waited for the read of the live state")
 		}
 		close(release)
+		require.Eventually(t, func() bool { return b.LiveReads().Background == 2 }, time.Minute, time.Millisecond)
 		b.Close(t.Context())
 	})
 	t.Run("never kept", func(t *testing.T) {
