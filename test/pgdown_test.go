@@ -11,8 +11,8 @@ import (
 
 // A PostgreSQL catalog that goes away (its server stopped) under a
 // running service: an allocate answers 503 catalog_unavailable, never a
-// grant without the catalog's re-check and never 429, and /readyz says
-// the catalog is not ready.
+// grant without the catalog's re-check and never 429 (also on a full
+// pool), and /readyz says the catalog is not ready.
 func TestHTTPPostgresCatalogDown(t *testing.T) {
 	srv, err := pgproc.Run()
 	require.NoError(t, err)
@@ -20,9 +20,15 @@ func TestHTTPPostgresCatalogDown(t *testing.T) {
 	require.NoError(t, srv.CreateDB(t.Context(), "credpool"))
 	s := startService(t, serviceOptions{postgres: srv.URL("credpool")})
 	s.putKey(t, "k1", "default", 2, nil)
-	code, _, g := s.internal(t, "allocate-key", allocBody("default"))
-	require.Equal(t, http.StatusOK, code, "%v", g)
+	for range 2 {
+		code, _, g := s.internal(t, "allocate-key", allocBody("default"))
+		require.Equal(t, http.StatusOK, code, "%v", g)
+	}
+	code, _, full := s.internal(t, "allocate-key", allocBody("default"))
+	require.Equal(t, http.StatusTooManyRequests, code, "%v", full)
 
+	// Full, and then the catalog goes: "full" would be an answer the
+	// catalog cannot back now.
 	srv.Stop()
 	code, _, out := s.internal(t, "allocate-key", allocBody("default"))
 	require.Equal(t, http.StatusServiceUnavailable, code, "%v", out)

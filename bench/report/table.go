@@ -176,7 +176,7 @@ func fmtMicros(v *float64) string {
 	if v == nil {
 		return "n/a"
 	}
-	return strconv.FormatFloat(*v, 'f', 0, 64)
+	return fmtRate(*v)
 }
 
 // fmtMs formats milliseconds with three significant digits or so.

@@ -56,7 +56,8 @@ func TestPutManySyncsInOneWrite(t *testing.T) {
 			if tc.hide {
 				store = oneByOne{cs}
 			}
-			stored, err := broker.NewAdmin(e.cat, store, nil).PutMany(t.Context(), keys...)
+			admin := broker.NewAdmin(e.cat, store, nil)
+			stored, err := admin.PutMany(t.Context(), keys...)
 			require.NoError(t, err)
 			require.Len(t, stored, len(keys))
 			require.Equal(t, tc.one, cs.one.Load(), "SyncKey calls")
@@ -65,7 +66,13 @@ func TestPutManySyncsInOneWrite(t *testing.T) {
 				in := e.info(t, k.ID)
 				require.True(t, in.Exists, k.ID)
 				require.Equal(t, 2, in.Limit, k.ID)
+				require.False(t, e.get(t, k.ID).SyncedAt.IsZero(), "%s recorded as synced", k.ID)
 			}
+			// So a key the store loses afterwards is held back, not new.
+			require.NoError(t, e.store.DeleteKey(t.Context(), "k3"))
+			_, err = admin.Sync(t.Context())
+			require.NoError(t, err)
+			require.Equal(t, optimistic.StatusCooldown, e.info(t, "k3").Status, "lost: held back")
 		})
 	}
 }

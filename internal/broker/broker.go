@@ -285,36 +285,46 @@ func (b *Broker) Allocate(ctx context.Context, req Request) (Grant, error) {
 		if err != nil {
 			return Grant{}, catalogErr(ctx, "resolve model", err)
 		}
-		g, err := b.allocateModel(ctx, req, model)
-		return g, aliasMoved(err)
+		return b.allocateModel(ctx, req, model)
 	}
 	// The catalog as recently read, without a read of its own: a grant is
 	// re-checked against the current catalog (confirm), and an answer of
-	// no grant is given only if the catalog did not move since.
+	// no grant is given only if the catalog did not move since (a caller
+	// that left gets it as it is).
 	model, snap, err := b.catalog.ResolveRecent(ctx, req.Provider, req.Model)
 	if err != nil {
 		return Grant{}, catalogErr(ctx, "resolve model", err)
 	}
 	g, err := b.allocateModel(ctx, req, model)
-	if !fromSnapshot(err) || ctx.Err() != nil {
-		// A caller that left gets the answer as it is.
-		return g, aliasMoved(err)
+	if fromSnapshot(err) && ctx.Err() == nil {
+		g, err = b.again(ctx, req, snap, g.Stats, err)
 	}
+	if errors.Is(err, errAliasMoved) {
+		// It moved again while the request ran on the current catalog.
+		err = fmt.Errorf("%w: the model's alias changed while allocating", optimistic.ErrContended)
+	}
+	return g, err
+}
+
+// again answers a request that started from snapshot snap and got err, an
+// answer of no grant, from the current catalog: err as it is if the
+// catalog did not move since, else what the allocate gets on the current
+// one. st is the store's work so far.
+func (b *Broker) again(ctx context.Context, req Request, snap catalog.Snapshot, st optimistic.Stats, err error) (Grant, error) {
 	now, cerr := b.catalog.Current(ctx)
+	switch {
+	case cerr != nil:
+		return Grant{Stats: st}, catalogErr(ctx, "read generation", cerr)
+	case now == snap:
+		return Grant{Stats: st}, err
+	}
+	model, _, cerr := b.catalog.ResolveRecent(ctx, req.Provider, req.Model)
 	if cerr != nil {
-		return Grant{Stats: g.Stats}, catalogErr(ctx, "read generation", cerr)
+		return Grant{Stats: st}, catalogErr(ctx, "resolve model", cerr)
 	}
-	if now == snap {
-		return g, aliasMoved(err)
-	}
-	// It moved: the answer is the current catalog's.
-	st := g.Stats
-	if model, _, err = b.catalog.ResolveRecent(ctx, req.Provider, req.Model); err != nil {
-		return Grant{Stats: st}, catalogErr(ctx, "resolve model", err)
-	}
-	g, err = b.allocateModel(ctx, req, model)
+	g, err := b.allocateModel(ctx, req, model)
 	g.Stats.Add(st)
-	return g, aliasMoved(err)
+	return g, err
 }
 
 // recent reports whether req starts from a recent snapshot of the catalog
@@ -333,16 +343,6 @@ var errAliasMoved = errors.New("broker: the model's alias changed")
 func fromSnapshot(err error) bool {
 	return errors.Is(err, ErrNoCandidates) || errors.Is(err, ErrPolicy) ||
 		errors.Is(err, optimistic.ErrNoCapacity) || errors.Is(err, errAliasMoved)
-}
-
-// aliasMoved is err, or for errAliasMoved a contended answer: the alias
-// moved again while the request ran on the current catalog; the caller
-// asks again.
-func aliasMoved(err error) error {
-	if errors.Is(err, errAliasMoved) {
-		return fmt.Errorf("%w: the model's alias changed while allocating", optimistic.ErrContended)
-	}
-	return err
 }
 
 // allocateModel is Allocate for the canonical model.

@@ -76,9 +76,12 @@ func newEnv(t *testing.T, keys ...catalog.Key) *env {
 }
 
 // cache returns a Cache over c, closed when the test ends.
-func cache(t *testing.T, c *catalog.SQL) *catalog.Cache {
+func cache(t *testing.T, c *catalog.SQL) *catalog.Cache { return cacheWith(t, c, nil) }
+
+// cacheWith is cache with opts.
+func cacheWith(t *testing.T, c *catalog.SQL, opts *catalog.CacheOptions) *catalog.Cache {
 	t.Helper()
-	cc, err := catalog.NewCache(t.Context(), c, nil)
+	cc, err := catalog.NewCache(t.Context(), c, opts)
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, cc.Close(context.Background())) })
 	return cc
@@ -172,8 +175,9 @@ type hookStore struct {
 	// inspects counts Inspect calls; inspected holds the ids each read.
 	inspects  atomic.Int32
 	inspected [][]string
-	// inspectGate, if set, runs in each Inspect after it is counted.
-	inspectGate atomic.Pointer[func()]
+	// inspectGate, if set, runs in each Inspect after it is counted; an
+	// error it returns is Inspect's answer.
+	inspectGate atomic.Pointer[func() error]
 
 	mu    sync.Mutex
 	calls []allocCall
@@ -209,7 +213,9 @@ func (s *hookStore) Inspect(ctx context.Context, ids ...string) ([]optimistic.Ke
 	s.inspected = append(s.inspected, ids)
 	s.mu.Unlock()
 	if gate := s.inspectGate.Load(); gate != nil {
-		(*gate)()
+		if err := (*gate)(); err != nil {
+			return nil, err
+		}
 	}
 	return s.Store.Inspect(ctx, ids...)
 }
@@ -270,9 +276,11 @@ type flakyCatalog struct {
 	// beforeQuarantine, if set, runs before each Quarantine.
 	beforeQuarantine func(id string)
 	// frozen makes Current name the snapshot the last ResolveRecent did,
-	// as if the catalog never moved since.
-	frozen   bool
-	resolved atomic.Pointer[catalog.Snapshot]
+	// as if the catalog never moved since; currentErr, if set, is
+	// Current's answer instead, as a broken database's.
+	frozen     bool
+	currentErr error
+	resolved   atomic.Pointer[catalog.Snapshot]
 
 	mu    sync.Mutex
 	reads int
@@ -286,6 +294,9 @@ func (c *flakyCatalog) ResolveRecent(ctx context.Context, provider, model string
 }
 
 func (c *flakyCatalog) Current(ctx context.Context) (catalog.Snapshot, error) {
+	if c.currentErr != nil {
+		return catalog.Snapshot{}, c.currentErr
+	}
 	if snap := c.resolved.Load(); c.frozen && snap != nil {
 		return *snap, nil
 	}

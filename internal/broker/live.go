@@ -114,6 +114,13 @@ func (l *live) reads() LiveReads {
 	return LiveReads{Kept: l.kept.Load(), Read: l.read.Load(), Background: l.background.Load()}
 }
 
+// readNow keeps, and counts, states an allocate read from the store by a
+// read that started at read.
+func (l *live) readNow(infos []optimistic.KeyInfo, read time.Time) {
+	l.read.Add(int64(len(infos)))
+	l.put(infos, read)
+}
+
 // put keeps states read from the store by a read that started at read. A
 // key whose server did not answer keeps none.
 func (l *live) put(infos []optimistic.KeyInfo, read time.Time) {

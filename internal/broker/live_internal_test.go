@@ -1,6 +1,8 @@
 package broker
 
 import (
+	"context"
+	"errors"
 	"log/slog"
 	"testing"
 	"time"
@@ -36,4 +38,26 @@ func TestLiveStateDropWins(t *testing.T) {
 	got, missing := l.get([]string{"k"})
 	require.Empty(t, missing)
 	require.Equal(t, 1, got[0].Live)
+}
+
+// inspectFails is a store whose Inspect fails, as one that went away.
+type inspectFails struct{ optimistic.LeaseStore }
+
+func (inspectFails) Inspect(ctx context.Context, ids ...string) ([]optimistic.KeyInfo, error) {
+	return nil, optimistic.Classify(ctx, "inspect", errors.New("injected fault"))
+}
+
+// A background read that fails drops the states it was to read: the next
+// allocate reads them itself rather than rank on them.
+func TestLiveStateBackgroundReadFails(t *testing.T) {
+	l := newLive(inspectFails{}, time.Hour, slog.Default())
+	defer l.close()
+	l.put([]optimistic.KeyInfo{{ID: "k", Exists: true}}, time.Now().Add(-2*time.Hour))
+	_, missing := l.get([]string{"k"})
+	require.Empty(t, missing, "stale, but still ranks while it is read again")
+	require.Eventually(t, func() bool {
+		_, missing := l.get([]string{"k"})
+		return len(missing) == 1
+	}, time.Minute, time.Millisecond)
+	require.Zero(t, l.reads().Background)
 }

@@ -66,9 +66,10 @@ func TestLiveStateRefreshed(t *testing.T) {
 		require.EqualValues(t, 1, s.inspects.Load())
 
 		entered, release := make(chan struct{}, 1), make(chan struct{})
-		gate := func() {
+		gate := func() error {
 			entered <- struct{}{}
 			<-release
+			return nil
 		}
 		s.inspectGate.Store(&gate)
 		time.Sleep(250 * time.Millisecond) // past LiveMaxAge, within four times it

@@ -174,58 +174,44 @@ func (s syncer[C]) first(k catalog.Key) bool {
 // later sync, or the repair of an allocate, brings them in. It returns how
 // many it synced.
 //
-// A store that is a keysSyncer takes the keys it neither lost nor cannot
-// reach in one SyncKeys, after the lost ones.
+// The keys the store neither lost nor cannot reach are written after the
+// lost ones (syncPlain).
 func (s syncer[C]) syncAll(ctx context.Context, keys []catalog.Key, infos []optimistic.KeyInfo) (int, error) {
 	now := time.Now()
 	var (
-		first   []string
-		synced  []catalog.Key
-		skipped []string
-		down    error
-		batch   []catalog.Key
+		synced, plain []catalog.Key // plain: reachable, not lost
+		skipped       []string
+		down          error
 	)
-	batcher, batching := s.store.(keysSyncer)
 	for i, k := range keys {
-		var err error
 		switch {
 		case infos[i].Unreachable:
-			err = fmt.Errorf("%w: %w: key %s", optimistic.ErrStore, optimistic.ErrUnreachable, k.ID)
+			skipped, down = append(skipped, k.ID), cmp.Or(down, fmt.Errorf("%w: %w: key %s", optimistic.ErrStore, optimistic.ErrUnreachable, k.ID))
 		case s.lost(k, infos[i]):
-			if _, _, err = s.sync(ctx, k, infos[i]); errors.Is(err, catalog.ErrNotFound) {
-				err = nil
+			_, _, err := s.sync(ctx, k, infos[i])
+			switch {
+			case errors.Is(err, optimistic.ErrUnreachable):
+				skipped, down = append(skipped, k.ID), cmp.Or(down, err)
+			case err != nil && !errors.Is(err, catalog.ErrNotFound):
+				return len(synced), err
+			default:
+				synced = append(synced, k)
 			}
-		case batching:
-			batch = append(batch, k)
-			continue
 		default:
-			if err = s.store.SyncKey(ctx, k.LeaseState()); err == nil && s.first(k) {
-				first = append(first, k.ID)
-			}
+			plain = append(plain, k)
 		}
-		switch {
-		case errors.Is(err, optimistic.ErrUnreachable):
-			skipped, down = append(skipped, k.ID), cmp.Or(down, err)
-			continue
-		case err != nil:
-			return len(synced), err
-		}
-		synced = append(synced, k)
 	}
-	if len(batch) > 0 {
-		states := make([]optimistic.KeyState, len(batch))
-		for i, k := range batch {
-			states[i] = k.LeaseState()
+	done, unreached, unreachedErr, err := s.syncPlain(ctx, plain)
+	synced = append(synced, done...)
+	if err != nil {
+		return len(synced), err
+	}
+	skipped, down = append(skipped, unreached...), cmp.Or(down, unreachedErr)
+	var first []string
+	for _, k := range done {
+		if s.first(k) {
+			first = append(first, k.ID)
 		}
-		if err := batcher.SyncKeys(ctx, states...); err != nil {
-			return len(synced), err
-		}
-		for _, k := range batch {
-			if s.first(k) {
-				first = append(first, k.ID)
-			}
-		}
-		synced = append(synced, batch...)
 	}
 	if len(skipped) > 0 {
 		if len(synced) == 0 {
@@ -240,6 +226,37 @@ func (s syncer[C]) syncAll(ctx context.Context, keys []catalog.Key, infos []opti
 		return len(synced), catalogErr(ctx, "mark synced", err)
 	}
 	return len(synced), nil
+}
+
+// syncPlain writes keys, which the store neither lost nor failed to read,
+// as they are: in one SyncKeys if the store is a keysSyncer, else key by
+// key. It returns those it wrote, and those whose server did not answer
+// with the first such error.
+func (s syncer[C]) syncPlain(ctx context.Context, keys []catalog.Key) (done []catalog.Key, unreached []string, unreachedErr, err error) {
+	if len(keys) == 0 {
+		return nil, nil, nil, nil
+	}
+	if batcher, ok := s.store.(keysSyncer); ok {
+		states := make([]optimistic.KeyState, len(keys))
+		for i, k := range keys {
+			states[i] = k.LeaseState()
+		}
+		if err := batcher.SyncKeys(ctx, states...); err != nil {
+			return nil, nil, nil, err
+		}
+		return keys, nil, nil, nil
+	}
+	for _, k := range keys {
+		switch err := s.store.SyncKey(ctx, k.LeaseState()); {
+		case errors.Is(err, optimistic.ErrUnreachable):
+			unreached, unreachedErr = append(unreached, k.ID), cmp.Or(unreachedErr, err)
+		case err != nil:
+			return done, unreached, unreachedErr, err
+		default:
+			done = append(done, k)
+		}
+	}
+	return done, unreached, unreachedErr, nil
 }
 
 // settleAll is write's check for syncAll: one List after every key was

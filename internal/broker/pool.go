@@ -233,8 +233,7 @@ func (p *poolRun) liveState(ctx context.Context, ids []string, read map[string]o
 	case len(fresh) != len(want):
 		return nil, fmt.Errorf("%w: inspect: %d states for %d keys", optimistic.ErrStore, len(fresh), len(want))
 	default:
-		p.live.read.Add(int64(len(fresh)))
-		p.live.put(fresh, start)
+		p.live.readNow(fresh, start)
 	}
 	for j, i := range missing {
 		got[i] = fresh[j]

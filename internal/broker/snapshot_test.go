@@ -1,7 +1,6 @@
 package broker_test
 
 import (
-	"context"
 	"testing"
 	"time"
 
@@ -12,25 +11,19 @@ import (
 	"github.com/credpool/credpool/optimistic"
 )
 
-// trusting is a Cache over e's catalog that trusts its snapshot for an
-// hour: it reads the generation only where a request must.
-func trusting(t *testing.T, e *env) *catalog.Cache {
+// elsewhere is e's catalog as another process has it, cached with opts:
+// its writes are not this process's own.
+func elsewhere(t *testing.T, e *env, opts *catalog.CacheOptions) *catalog.Cache {
 	t.Helper()
 	sql, err := catalog.New(t.Context(), e.db, nil)
 	require.NoError(t, err)
-	c, err := catalog.NewCache(t.Context(), sql, &catalog.CacheOptions{MaxAge: time.Hour})
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, c.Close(context.Background())) })
-	return c
+	return cacheWith(t, sql, opts)
 }
 
-// elsewhere is e's catalog as another process has it: its writes are not
-// this process's own.
-func elsewhere(t *testing.T, e *env) *catalog.Cache {
-	t.Helper()
-	sql, err := catalog.New(t.Context(), e.db, nil)
-	require.NoError(t, err)
-	return cache(t, sql)
+// trusting is elsewhere with a snapshot trusted for an hour: it reads the
+// generation only where a request must.
+func trusting(t *testing.T, e *env) *catalog.Cache {
+	return elsewhere(t, e, &catalog.CacheOptions{MaxAge: time.Hour})
 }
 
 // A request starts from a recent snapshot, without a read of the
@@ -41,7 +34,7 @@ func TestNoGrantAnsweredFromTheCurrentCatalog(t *testing.T) {
 	b := broker.New(trusting(t, e), e.store, &broker.Options{Logger: e.log})
 	require.Equal(t, "a", allocate(t, b, req("default")).KeyID)
 
-	other := broker.NewAdmin(elsewhere(t, e), e.store, nil)
+	other := broker.NewAdmin(elsewhere(t, e, nil), e.store, nil)
 	_, err := other.Put(t.Context(), key("n", "default", 1))
 	require.NoError(t, err)
 	require.Equal(t, "n", allocate(t, b, req("default")).KeyID)
@@ -71,7 +64,7 @@ func TestGrantFollowsAMovedAlias(t *testing.T) {
 	require.Equal(t, "old", g.KeyID)
 	require.NoError(t, b.Release(t.Context(), g.LeaseRef))
 
-	other := broker.NewAdmin(elsewhere(t, e), e.store, nil)
+	other := broker.NewAdmin(elsewhere(t, e, nil), e.store, nil)
 	require.NoError(t, other.SetAlias(t.Context(), provider, "m", "m-new"))
 	g = allocate(t, b, r)
 	require.Equal(t, "new", g.KeyID)
@@ -94,11 +87,24 @@ func TestRequestIDFollowsAMovedAlias(t *testing.T) {
 	g := allocate(t, b, r)
 	require.NoError(t, b.Release(t.Context(), g.LeaseRef))
 
-	there := elsewhere(t, e)
+	there := elsewhere(t, e, nil)
 	require.NoError(t, broker.NewAdmin(there, e.store, nil).SetAlias(t.Context(), provider, "m", "m-new"))
 	r.RequestID = "r1"
 	first := allocate(t, broker.New(there, e.store, &broker.Options{Requests: e.requests, Logger: e.log}), r)
 	require.Equal(t, "new", first.KeyID)
 	again := allocate(t, b, r)
 	require.Equal(t, first.LeaseID, again.LeaseID, "replayed")
+}
+
+// An answer of no grant the catalog cannot confirm, its database broken,
+// is a catalog failure (503), never "full".
+func TestNoGrantNeedsTheCatalog(t *testing.T) {
+	e := newEnv(t, key("a", "default", 1))
+	c := &flakyCatalog{Cache: trusting(t, e)}
+	b := broker.New(c, e.store, &broker.Options{Logger: e.log})
+	allocate(t, b, req("default"))
+	c.currentErr = errInjected
+	_, err := b.Allocate(t.Context(), req("default"))
+	require.ErrorIs(t, err, broker.ErrCatalog)
+	require.NotErrorIs(t, err, optimistic.ErrNoCapacity)
 }

@@ -29,21 +29,7 @@ func (s *Store) SyncKeys(ctx context.Context, keys ...optimistic.KeyState) error
 		}
 	}
 	_, err := s.do(ctx, false, func(tx *sql.Tx, _ int64) error {
-		upsert, err := tx.PrepareContext(ctx, `
-INSERT INTO lease_keys (id, provider, pool, status, cooldown_until, max_concurrent_uses, last_used_at, score)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?)
-ON CONFLICT (id) DO UPDATE SET
-	provider = excluded.provider,
-	pool = excluded.pool,
-	status = excluded.status,
-	cooldown_until = excluded.cooldown_until,
-	max_concurrent_uses = excluded.max_concurrent_uses,
-	last_used_at = coalesce(lease_keys.last_used_at, excluded.last_used_at),
-	score = excluded.score`)
-		if err != nil {
-			return err
-		}
-		defer upsert.Close()
+		upsert := s.on(ctx, tx, qUpsertKey)
 		for _, k := range keys {
 			if _, err := upsert.ExecContext(ctx, k.ID, k.Provider, k.Pool, string(k.Status), toMillis(k.CooldownUntil),
 				k.MaxConcurrentUses, toMillis(k.LastUsedAt), k.Score); err != nil {

@@ -61,3 +61,25 @@ func TestSyncKeysAllOrNothing(t *testing.T) {
 	require.Equal(t, 1, infos[1].Live, "%s keeps its lease", lease.LeaseID)
 	require.NoError(t, s.SyncKeys(ctx), "no keys: nothing to do")
 }
+
+// A write that fails inside SyncKeys's transaction (the database refuses
+// the second key) leaves none of the keys written.
+func TestSyncKeysFailsWhole(t *testing.T) {
+	db, err := sqlitex.Open(filepath.Join(t.TempDir(), "credpool.db"))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = db.Close() })
+	s, err := sqlitestore.New(t.Context(), db, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	_, err = db.ExecContext(t.Context(), `CREATE TRIGGER refuse_k1 BEFORE INSERT ON lease_keys WHEN NEW.id = 'k1'
+BEGIN SELECT RAISE(ABORT, 'injected fault'); END`)
+	require.NoError(t, err)
+
+	ctx := context.Background()
+	require.ErrorContains(t, s.SyncKeys(ctx, state("k0", 1), state("k1", 1), state("k2", 1)), "injected fault")
+	infos, err := s.Inspect(ctx, "k0", "k2")
+	require.NoError(t, err)
+	for _, in := range infos {
+		require.False(t, in.Exists, "%s written although the batch failed", in.ID)
+	}
+}

@@ -7,8 +7,9 @@ import (
 )
 
 // query names one statement of the hot path (Allocate, Release, Renew,
-// Holds, Inspect). New prepares each once: compiling a statement costs
-// SQLite about twice what running it does.
+// Holds, Inspect) or of a sync (SyncKeys, which a bulk put runs per key).
+// New prepares each once: compiling a statement costs SQLite about twice
+// what running it does.
 type query int
 
 const (
@@ -23,6 +24,7 @@ const (
 	qHolds
 	qDeleteLease
 	qRenewLease
+	qUpsertKey
 	nQueries
 )
 
@@ -41,6 +43,17 @@ ORDER BY c.key`,
 	qHolds:       `SELECT provider, pool, until FROM lease_leases WHERE id = ? AND key_id = ?`,
 	qDeleteLease: `DELETE FROM lease_leases WHERE id = ?`,
 	qRenewLease:  `UPDATE lease_leases SET until = ? WHERE id = ?`,
+	qUpsertKey: `
+INSERT INTO lease_keys (id, provider, pool, status, cooldown_until, max_concurrent_uses, last_used_at, score)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT (id) DO UPDATE SET
+	provider = excluded.provider,
+	pool = excluded.pool,
+	status = excluded.status,
+	cooldown_until = excluded.cooldown_until,
+	max_concurrent_uses = excluded.max_concurrent_uses,
+	last_used_at = coalesce(lease_keys.last_used_at, excluded.last_used_at),
+	score = excluded.score`,
 }
 
 // statements are the prepared queries, indexed by query.
