@@ -34,7 +34,9 @@ import (
 //
 // Under concurrency the order is a preference: a candidate that another
 // call of this process is working on, or that keeps aborting, is tried
-// after the rest.
+// after the rest. Calls of this process waiting for a candidate's turn may
+// be granted by the call holding it, in its own MULTI, when the key has
+// room for them too (see ticket): one read and one EXEC for several grants.
 //
 // On Redis Cluster, a candidate whose master does not answer, or whose
 // grant too few replicas acknowledged (Options.MinReplicas; the grant is
@@ -193,9 +195,10 @@ type verdict struct {
 	granted bool  // a lease on it is ours: until and fence say which
 	until   int64 // lease expiry (ms)
 	fence   int64
-	pruned  int   // expired leases the commit removed
-	free    int64 // skipped: when it frees up (ms), 0 if never by itself
-	held    bool  // free is when a held lease ends
+	pruned  int       // expired leases the commit removed
+	free    int64     // skipped: when it frees up (ms), 0 if never by itself
+	held    bool      // free is when a held lease ends
+	batch   []*ticket // waiting calls the commit granted too (see ticket)
 }
 
 // try reads one candidate (under WATCH, see decide), on c's connection,
@@ -214,7 +217,18 @@ func (a *allocation) try(ctx context.Context, c *conns, keyID string, wait bool)
 	if err := a.holdOff(ctx, keyID, wait); err != nil {
 		return false, err
 	}
-	release, err := a.enter(ctx, keyID, wait)
+	var release func()
+	if wait && a.pending == "" && !a.opts.NoGate {
+		// In line for the turn, the holder may grant this call too.
+		var done bool
+		release, done, err = a.queueFor(ctx, keyID)
+		if done {
+			a.notes.won(keyID)
+			return true, nil
+		}
+	} else {
+		release, err = a.enter(ctx, keyID, wait)
+	}
 	if err != nil {
 		return false, err
 	}
@@ -248,8 +262,13 @@ func (a *allocation) try(ctx context.Context, c *conns, keyID string, wait bool)
 	a.full.Merge(fromMillis(v.free), v.held)
 	if errors.Is(err, errUnreplicated) {
 		a.giveBack(ctx, keyID)
+		for _, tk := range v.batch {
+			a.giveBackMember(ctx, keyID, tk.member)
+		}
+		settleTickets(v.batch, false, false)
 		return false, err
 	}
+	settleTickets(v.batch, v.granted, errors.Is(err, errRecheck))
 	if v.granted {
 		a.grant(keyID, v.until, v.fence)
 		a.stats.Pruned += v.pruned
@@ -379,7 +398,6 @@ func (a *allocation) decide(ctx context.Context, t *txn, keyID string) (verdict,
 // at clockNow, pruning ls's expired leases.
 func (a *allocation) take(ctx context.Context, t *txn, v verdict, keyID string, k keyState, ls leaseSet, clockNow time.Time) (verdict, error) {
 	keyKey, leasesKey := a.keys.Key(keyID), a.keys.Leases(keyID)
-	recordKey := a.keys.Lease(keyID, a.member)
 	now := clockNow.UnixMilli()
 	until := now + a.req.TTL.Milliseconds()
 	fence := NextFence(k.fence, clockNow)
@@ -392,18 +410,36 @@ func (a *allocation) take(ctx context.Context, t *txn, v verdict, keyID string, 
 		}
 		body = append(body, prune, records)
 	}
-	body = append(body,
-		cmd{"zadd", leasesKey, until, a.member},
-		cmd{"hset", recordKey,
-			rs.FieldKeyID, keyID, rs.FieldProvider, a.req.Provider, rs.FieldPool, a.req.Pool,
-			rs.FieldUntil, until, rs.FieldFence, fence},
-		cmd{"pexpireat", recordKey, until + a.opts.RecordGrace.Milliseconds()},
-		cmd{"hset", keyKey,
-			rs.FieldStatus, string(StatusAvailable), rs.FieldCooldown, "",
-			rs.FieldLastUsed, now, rs.FieldFence, fence},
-	)
+	body = append(body, a.leaseWrites(keyID, a.member, a.req.Provider, a.req.Pool, until, fence)...)
+	last := fence
+	if room := k.limit - ls.live - 1; room > 0 && !a.opts.NoGate {
+		// Calls of this process waiting for the key's turn share the
+		// commit (see ticket).
+		v.batch = a.lines.claim(keyID, min(room, maxBatch), k.member)
+		for _, tk := range v.batch {
+			last++
+			tk.until, tk.fence = now+tk.ttlMillis, last
+			body = append(body, a.leaseWrites(keyID, tk.member, tk.provider, tk.pool, tk.until, tk.fence)...)
+		}
+	}
+	body = append(body, cmd{"hset", keyKey,
+		rs.FieldStatus, string(StatusAvailable), rs.FieldCooldown, "",
+		rs.FieldLastUsed, now, rs.FieldFence, last})
 	v.pruned = len(ls.expired)
 	return a.settle(ctx, t, v, body, until, fence)
+}
+
+// leaseWrites are the writes of one lease on keyID: its member in the
+// lease ZSET and its record.
+func (a *allocation) leaseWrites(keyID, member, provider, pool string, until, fence int64) []cmd {
+	recordKey := a.keys.Lease(keyID, member)
+	return []cmd{
+		{"zadd", a.keys.Leases(keyID), until, member},
+		{"hset", recordKey,
+			rs.FieldKeyID, keyID, rs.FieldProvider, provider, rs.FieldPool, pool,
+			rs.FieldUntil, until, rs.FieldFence, fence},
+		{"pexpireat", recordKey, until + a.opts.RecordGrace.Milliseconds()},
+	}
 }
 
 // adopt hands out the lease (until, its fence in record) that an EXEC
@@ -431,11 +467,17 @@ func (a *allocation) adopt(ctx context.Context, t *txn, recordKey string, until 
 // writes may have landed; or the commit's own error.
 func (a *allocation) settle(ctx context.Context, t *txn, v verdict, body []cmd, until, fence int64) (verdict, error) {
 	if len(body) > 0 {
-		err := t.commit(ctx, body)
+		cctx := ctx
+		if len(v.batch) > 0 {
+			// Other calls' grants ride along: this call's ctx does not
+			// cut their commit short (the client's timeouts bound it).
+			cctx = context.WithoutCancel(ctx)
+		}
+		err := t.commit(cctx, body)
 		var rerr redis.Error
 		switch {
 		case err == nil:
-		case errors.Is(err, errUnreplicated), errors.As(err, &rerr), ctx.Err() != nil:
+		case errors.Is(err, errUnreplicated), errors.As(err, &rerr), cctx.Err() != nil:
 			// Unacknowledged, refused or aborted, or cut short by the
 			// caller: the call learns why.
 			return v, err
@@ -454,12 +496,17 @@ func (a *allocation) settle(ctx context.Context, t *txn, v verdict, body []cmd, 
 // ctx ended; if it fails, the store is failing too, and the lease expires
 // by itself.
 func (a *allocation) giveBack(ctx context.Context, keyID string) {
+	a.giveBackMember(ctx, keyID, a.member)
+}
+
+// giveBackMember is giveBack of member's lease on keyID.
+func (a *allocation) giveBackMember(ctx context.Context, keyID, member string) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), unwatchTimeout)
 	defer cancel()
-	leasesKey, recordKey := a.keys.Leases(keyID), a.keys.Lease(keyID, a.member)
+	leasesKey, recordKey := a.keys.Leases(keyID), a.keys.Lease(keyID, member)
 	drop := func(c redis.UniversalClient) error {
 		_, err := c.TxPipelined(ctx, func(p redis.Pipeliner) error {
-			p.ZRem(ctx, leasesKey, a.member)
+			p.ZRem(ctx, leasesKey, member)
 			p.Del(ctx, recordKey)
 			return nil
 		})

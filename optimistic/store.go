@@ -124,6 +124,8 @@ type Store struct {
 	keys   rs.Schema
 	policy retry.Policy
 	gates  keygate.Set
+	// lines holds the calls waiting for a key's turn (see ticket).
+	lines lines
 	// id signs this store's free-slot notices (see Await).
 	id      string
 	queue   Queue

@@ -1,0 +1,151 @@
+package optimistic
+
+import (
+	"context"
+	"slices"
+	"sync"
+)
+
+// maxBatch bounds the calls one grant serves besides its own, so that one
+// MULTI stays small whatever the key's limit.
+const maxBatch = 16
+
+// A call that waits for a key's turn (see enter) leaves a ticket in the
+// key's line. The turn's holder, finding room for more than its own
+// lease, grants waiting tickets in the same MULTI (in arrival order, each
+// with its own lease id, expiry and fence) and hands each its outcome
+// before it gives the turn up. On a hot key of one process, grants then
+// cost one read and one EXEC per batch instead of per call: the key's
+// turn, not its slots, had bounded them.
+//
+// A ticket whose holder's EXEC reply was lost is rechecked by its own call
+// (see allocation.pending), as a lost reply of its own would be; one
+// whose EXEC aborted, or wrote nothing, goes back to waiting for the turn.
+type ticket struct {
+	provider, pool string
+	member         string // the call's member in the lease ZSET
+	ttlMillis      int64
+
+	// Set by the holder that claimed it, before done is closed.
+	granted bool
+	recheck bool // the EXEC's outcome is unknown
+	until   int64
+	fence   int64
+	done    chan struct{}
+	wake    context.CancelFunc // ends the owner's wait for the turn
+}
+
+// lines holds the tickets waiting for each key's turn in this process. It
+// is safe for concurrent use.
+type lines struct {
+	mu sync.Mutex
+	m  map[string][]*ticket
+}
+
+// post adds t to keyID's line.
+func (l *lines) post(keyID string, t *ticket) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.m == nil {
+		l.m = make(map[string][]*ticket)
+	}
+	l.m[keyID] = append(l.m[keyID], t)
+}
+
+// withdraw takes t out of keyID's line and says whether it was still
+// there: false means a holder claimed it, and will close t.done.
+func (l *lines) withdraw(keyID string, t *ticket) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	line := l.m[keyID]
+	i := slices.Index(line, t)
+	if i < 0 {
+		return false
+	}
+	l.cut(keyID, slices.Delete(line, i, i+1))
+	return true
+}
+
+// claim takes up to n tickets of keyID's line, in order, that member
+// accepts (the key's provider and pool).
+func (l *lines) claim(keyID string, n int, member func(provider, pool string) bool) []*ticket {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []*ticket
+	line := l.m[keyID]
+	kept := line[:0]
+	for _, t := range line {
+		if len(out) < n && member(t.provider, t.pool) {
+			out = append(out, t)
+			continue
+		}
+		kept = append(kept, t)
+	}
+	clear(line[len(kept):])
+	l.cut(keyID, kept)
+	return out
+}
+
+// cut sets keyID's line, dropping it when empty: a key nobody waits for
+// keeps nothing behind.
+func (l *lines) cut(keyID string, line []*ticket) {
+	if len(line) == 0 {
+		delete(l.m, keyID)
+		return
+	}
+	l.m[keyID] = line
+}
+
+// settle hands claimed tickets their outcome: granted if the MULTI that
+// carried them committed, to be rechecked if its outcome is unknown, else
+// nothing (their calls go back to waiting for the turn).
+func settleTickets(ts []*ticket, granted, recheck bool) {
+	for _, t := range ts {
+		t.granted, t.recheck = granted, recheck
+		close(t.done)
+		t.wake()
+	}
+}
+
+// queueFor waits for keyID's turn, holding a ticket in its line meanwhile,
+// and returns the turn's release; or, if a holder of the turn granted the
+// ticket first, it returns granted with the lease set (or errRecheck, with
+// the key pending, if that grant's outcome is unknown). If ctx ends first
+// it returns ctx's error and holds nothing: a ticket claimed meanwhile is
+// waited for (one EXEC), and its lease, if granted, given back.
+func (a *allocation) queueFor(ctx context.Context, keyID string) (release func(), granted bool, err error) {
+	for {
+		wait, wake := context.WithCancel(ctx)
+		t := &ticket{
+			provider: a.req.Provider, pool: a.req.Pool, member: a.member,
+			ttlMillis: a.req.TTL.Milliseconds(), done: make(chan struct{}), wake: wake,
+		}
+		a.lines.post(keyID, t)
+		release, err := a.gates.Enter(wait, keyID)
+		claimed := !a.lines.withdraw(keyID, t)
+		wake()
+		switch {
+		case err == nil && claimed:
+			// Its holder settled it before giving the turn up.
+			release()
+		case err == nil:
+			return release, false, nil
+		case ctx.Err() != nil && !claimed:
+			return nil, false, err
+		}
+		<-t.done
+		switch {
+		case ctx.Err() != nil:
+			if t.granted {
+				a.giveBack(ctx, keyID)
+			}
+			return nil, false, ctx.Err()
+		case t.recheck:
+			a.pending = keyID
+			return nil, false, errRecheck
+		case t.granted:
+			a.grant(keyID, t.until, t.fence)
+			return nil, true, nil
+		}
+	}
+}
