@@ -101,7 +101,9 @@ type Lease struct {
 // Stats counts the work one Allocate did.
 type Stats struct {
 	// Attempts is the number of read-decide rounds over all candidates
-	// (for SQLite: transactions, each covering every candidate).
+	// (for SQLite: transactions, each covering every candidate). A call
+	// granted in the commit of another call of its process that held the
+	// key's turn (see Store.Allocate) made none of its own there.
 	Attempts int
 	// Conflicts is the number of rounds that lost a race and wrote
 	// nothing: an EXEC aborted because another allocator changed the
