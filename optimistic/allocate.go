@@ -261,14 +261,23 @@ func (a *allocation) try(ctx context.Context, c *conns, keyID string, wait bool)
 	}
 	a.full.Merge(fromMillis(v.free), v.held)
 	if errors.Is(err, errUnreplicated) {
-		a.giveBack(ctx, keyID)
-		for _, tk := range v.batch {
-			a.giveBackMember(ctx, keyID, tk.member)
-		}
+		// Nobody may hold these leases. The tickets' calls go back in
+		// line, and find the give-back done when the turn is theirs.
 		settleTickets(v.batch, false, false)
+		members := []string{a.member}
+		for _, tk := range v.batch {
+			members = append(members, tk.member)
+		}
+		a.giveBackMembers(ctx, keyID, members...)
 		return false, err
 	}
 	settleTickets(v.batch, v.granted, errors.Is(err, errRecheck))
+	if v.granted && len(v.batch) > 0 && ctx.Err() != nil {
+		// Committed for the others after this call's ctx ended (see
+		// settle): its own lease goes back, as a ticket's would.
+		a.giveBack(ctx, keyID)
+		return false, ctx.Err()
+	}
 	if v.granted {
 		a.grant(keyID, v.until, v.fence)
 		a.stats.Pruned += v.pruned
@@ -470,8 +479,10 @@ func (a *allocation) settle(ctx context.Context, t *txn, v verdict, body []cmd, 
 		cctx := ctx
 		if len(v.batch) > 0 {
 			// Other calls' grants ride along: this call's ctx does not
-			// cut their commit short (the client's timeouts bound it).
-			cctx = context.WithoutCancel(ctx)
+			// cut their commit short.
+			var cancel context.CancelFunc
+			cctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), coalesceTimeout)
+			defer cancel()
 		}
 		err := t.commit(cctx, body)
 		var rerr redis.Error
@@ -496,18 +507,24 @@ func (a *allocation) settle(ctx context.Context, t *txn, v verdict, body []cmd, 
 // ctx ended; if it fails, the store is failing too, and the lease expires
 // by itself.
 func (a *allocation) giveBack(ctx context.Context, keyID string) {
-	a.giveBackMember(ctx, keyID, a.member)
+	a.giveBackMembers(ctx, keyID, a.member)
 }
 
-// giveBackMember is giveBack of member's lease on keyID.
-func (a *allocation) giveBackMember(ctx context.Context, keyID, member string) {
+// giveBackMembers is giveBack of the leases of members on keyID, in one
+// MULTI.
+func (a *allocation) giveBackMembers(ctx context.Context, keyID string, members ...string) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), unwatchTimeout)
 	defer cancel()
-	leasesKey, recordKey := a.keys.Leases(keyID), a.keys.Lease(keyID, member)
+	leasesKey := a.keys.Leases(keyID)
+	zrem := []any{"zrem", leasesKey}
+	del := []any{"del"}
+	for _, m := range members {
+		zrem, del = append(zrem, m), append(del, a.keys.Lease(keyID, m))
+	}
 	drop := func(c redis.UniversalClient) error {
 		_, err := c.TxPipelined(ctx, func(p redis.Pipeliner) error {
-			p.ZRem(ctx, leasesKey, member)
-			p.Del(ctx, recordKey)
+			p.Do(ctx, zrem...)
+			p.Do(ctx, del...)
 			return nil
 		})
 		return err

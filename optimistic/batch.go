@@ -96,7 +96,7 @@ func (l *lines) cut(keyID string, line []*ticket) {
 	l.m[keyID] = line
 }
 
-// settle hands claimed tickets their outcome: granted if the MULTI that
+// settleTickets hands claimed tickets their outcome: granted if the MULTI that
 // carried them committed, to be rechecked if its outcome is unknown, else
 // nothing (their calls go back to waiting for the turn).
 func settleTickets(ts []*ticket, granted, recheck bool) {
@@ -112,7 +112,12 @@ func settleTickets(ts []*ticket, granted, recheck bool) {
 // ticket first, it returns granted with the lease set (or errRecheck, with
 // the key pending, if that grant's outcome is unknown). If ctx ends first
 // it returns ctx's error and holds nothing: a ticket claimed meanwhile is
-// waited for (one EXEC), and its lease, if granted, given back.
+// waited for (its holder's commit, bounded by coalesceTimeout), and its
+// lease, granted or of unknown outcome, given back.
+//
+// A ticket whose holder's commit wrote nothing goes to the back of the
+// line and of the turn's queue: that happens only when another process's
+// grant or a refused write aborted it.
 func (a *allocation) queueFor(ctx context.Context, keyID string) (release func(), granted bool, err error) {
 	for {
 		wait, wake := context.WithCancel(ctx)
@@ -121,22 +126,24 @@ func (a *allocation) queueFor(ctx context.Context, keyID string) (release func()
 			ttlMillis: a.req.TTL.Milliseconds(), done: make(chan struct{}), wake: wake,
 		}
 		a.lines.post(keyID, t)
-		release, err := a.gates.Enter(wait, keyID)
+		turn, enterErr := a.gates.Enter(wait, keyID)
 		claimed := !a.lines.withdraw(keyID, t)
 		wake()
 		switch {
-		case err == nil && claimed:
+		case enterErr == nil && claimed:
 			// Its holder settled it before giving the turn up.
-			release()
-		case err == nil:
-			return release, false, nil
+			turn()
+		case enterErr == nil:
+			return turn, false, nil
 		case ctx.Err() != nil && !claimed:
-			return nil, false, err
+			return nil, false, enterErr
 		}
 		<-t.done
 		switch {
 		case ctx.Err() != nil:
-			if t.granted {
+			if t.granted || t.recheck {
+				// Its lease id is this call's alone: a give-back of a
+				// lease that never landed removes nothing.
 				a.giveBack(ctx, keyID)
 			}
 			return nil, false, ctx.Err()

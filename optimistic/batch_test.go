@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/credpool/credpool/test/redistest"
@@ -24,63 +25,92 @@ type allocated struct {
 	err   error
 }
 
-// Calls waiting for a key's turn are granted by its holder in one commit:
-// one read-decide round for all of them, each its own lease and fence, and
-// calls whose provider or pool the key does not serve stay in line.
-func TestWaitingCallsShareTheHoldersCommit(t *testing.T) {
-	rdb := redistest.Start(t).Client(t)
+// keyStore is a Store on rdb with key k (provider p, pool default) of
+// limit 5.
+func keyStore(t *testing.T, rdb redis.UniversalClient) *Store {
+	t.Helper()
 	s, err := New(rdb, nil)
 	require.NoError(t, err)
-	ctx := t.Context()
-	require.NoError(t, s.SyncKey(ctx, KeyState{ID: "k", Provider: "p", Pool: "default", Status: StatusAvailable, MaxConcurrentUses: 5}))
+	require.NoError(t, s.SyncKey(t.Context(), KeyState{ID: "k", Provider: "p", Pool: "default", Status: StatusAvailable, MaxConcurrentUses: 5}))
+	return s
+}
 
-	release, err := s.enter(ctx, "k", true)
+// lineUp holds k's turn and starts one allocation of k per pool, one
+// after the other in its line; they report on the channel returned, and
+// release lets them go.
+func lineUp(t *testing.T, s *Store, pools ...string) (out chan allocated, release func()) {
+	t.Helper()
+	release, err := s.enter(t.Context(), "k", true)
 	require.NoError(t, err)
-	const calls = 4
-	out := make(chan allocated, calls+1)
-	allocate := func(pool string) {
+	out = make(chan allocated, len(pools))
+	for _, pool := range pools {
+		want := s.lines.lineLen("k") + 1
 		go func() {
-			l, st, err := s.Allocate(ctx, AllocateRequest{Provider: "p", Pool: pool, Candidates: []string{"k"}, TTL: time.Minute})
+			l, st, err := s.Allocate(t.Context(), AllocateRequest{Provider: "p", Pool: pool, Candidates: []string{"k"}, TTL: time.Minute})
 			out <- allocated{l, st, err}
 		}()
-	}
-	for range calls {
-		allocate("default")
-		// One at a time, so the line's order is known.
-		want := s.lines.lineLen("k") + 1
 		require.Eventually(t, func() bool { return s.lines.lineLen("k") == want }, 5*time.Second, time.Millisecond)
 	}
-	allocate("vip")
-	require.Eventually(t, func() bool { return s.lines.lineLen("k") == calls+1 }, 5*time.Second, time.Millisecond)
-	release()
+	return out, release
+}
 
+// granted collects n grants from out and checks their fences differ.
+func granted(t *testing.T, out <-chan allocated, n int) (attempts int) {
+	t.Helper()
 	var fences []int64
-	attempts := 0
-	for range calls {
+	for range n {
 		got := <-out
 		require.NoError(t, got.err)
 		require.Equal(t, "default", got.lease.Pool)
 		fences = append(fences, got.lease.Fence)
 		attempts += got.stats.Attempts
 	}
-	got := <-out
-	require.ErrorIs(t, got.err, ErrNoCapacity, "a vip call is no member of the key's pool")
-	require.Equal(t, 1, attempts, "one read-decide round granted all %d", calls)
-	require.Len(t, slices.Compact(slices.Sorted(slices.Values(fences))), calls, "fences %v", fences)
-	infos, err := s.Inspect(ctx, "k")
+	require.Len(t, slices.Compact(slices.Sorted(slices.Values(fences))), n, "fences %v", fences)
+	return attempts
+}
+
+func requireLive(t *testing.T, s *Store, want int) {
+	t.Helper()
+	infos, err := s.Inspect(t.Context(), "k")
 	require.NoError(t, err)
-	require.Equal(t, calls, infos[0].Live)
+	require.Equal(t, want, infos[0].Live)
 	require.Zero(t, s.lines.lineLen("k"), "nothing stays in line")
+}
+
+// Calls waiting for a key's turn are granted by its holder in one commit:
+// one read-decide round for all of them, each its own lease and fence, and
+// a call whose pool the key does not serve stays in line.
+func TestWaitingCallsShareTheHoldersCommit(t *testing.T) {
+	s := keyStore(t, redistest.Start(t).Client(t))
+	out, release := lineUp(t, s, "default", "default", "default", "default", "vip")
+	release()
+	require.Equal(t, 1, granted(t, out, 4), "one read-decide round granted all four")
+	require.ErrorIs(t, (<-out).err, ErrNoCapacity, "a vip call is no member of the key's pool")
+	requireLive(t, s, 4)
+}
+
+// When the reply of a commit that carried others' grants is lost, every
+// call still ends with one lease, and the key with one slot taken per
+// call: a lease id is its call's own, so after the commit that landed,
+// neither a recheck nor a second grant of it takes another slot.
+func TestLostReplyOfASharedCommit(t *testing.T) {
+	srv := redistest.Start(t)
+	proxy := redistest.NewProxy(t, srv.Addr)
+	rdb := redis.NewClient(&redis.Options{Addr: proxy.Addr, DialerRetries: 1})
+	t.Cleanup(func() { _ = rdb.Close() })
+	s := keyStore(t, rdb)
+	out, release := lineUp(t, s, "default", "default", "default")
+	proxy.CutNextExec()
+	release()
+	granted(t, out, 3)
+	require.Equal(t, 1, proxy.Cuts())
+	requireLive(t, s, 3)
 }
 
 // A call that gives up while in line leaves nothing behind: no ticket for
 // a later holder to grant, no lease.
 func TestCallLeavingTheLineTakesNoSlot(t *testing.T) {
-	rdb := redistest.Start(t).Client(t)
-	s, err := New(rdb, nil)
-	require.NoError(t, err)
-	require.NoError(t, s.SyncKey(t.Context(), KeyState{ID: "k", Provider: "p", Pool: "default", Status: StatusAvailable, MaxConcurrentUses: 5}))
-
+	s := keyStore(t, redistest.Start(t).Client(t))
 	release, err := s.enter(t.Context(), "k", true)
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(t.Context())
@@ -95,10 +125,8 @@ func TestCallLeavingTheLineTakesNoSlot(t *testing.T) {
 	require.Zero(t, s.lines.lineLen("k"))
 	release()
 
-	l, st, err := s.Allocate(t.Context(), AllocateRequest{Provider: "p", Pool: "default", Candidates: []string{"k"}, TTL: time.Minute})
+	_, st, err := s.Allocate(t.Context(), AllocateRequest{Provider: "p", Pool: "default", Candidates: []string{"k"}, TTL: time.Minute})
 	require.NoError(t, err)
 	require.Equal(t, 1, st.Attempts)
-	infos, err := s.Inspect(t.Context(), "k")
-	require.NoError(t, err)
-	require.Equal(t, 1, infos[0].Live, "only the last call's lease %s", l.LeaseID)
+	requireLive(t, s, 1)
 }
