@@ -488,9 +488,10 @@ func (a *allocation) settle(ctx context.Context, t *txn, v verdict, body []cmd, 
 		var rerr redis.Error
 		switch {
 		case err == nil:
-		case errors.Is(err, errUnreplicated), errors.As(err, &rerr), cctx.Err() != nil:
+		case errors.Is(err, errUnreplicated), errors.As(err, &rerr), len(v.batch) == 0 && ctx.Err() != nil:
 			// Unacknowledged, refused or aborted, or cut short by the
-			// caller: the call learns why.
+			// caller: the call learns why. (A commit carrying others that
+			// ran out of time is unknown, below: they recheck.)
 			return v, err
 		default:
 			// Sent or not, ran or not: the next read tells.
