@@ -212,7 +212,7 @@ func New(c Catalog, s optimistic.LeaseStore, opts *Options) *Broker {
 // failed releases, after one last try under ctx. Releases still failing
 // are left to expire.
 func (b *Broker) Close(ctx context.Context) {
-	b.live.close()
+	b.live.close(ctx)
 	b.backlog.close(ctx)
 }
 

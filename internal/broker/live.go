@@ -39,6 +39,8 @@ type live struct {
 	queue   []string
 	queued  map[string]bool
 	reading bool
+	stop    context.CancelFunc // ends the reads of the goroutine last started
+	done    chan struct{}      // closed when that goroutine has ended
 
 	kept, read, background atomic.Int64 // see LiveReads
 }
@@ -104,7 +106,9 @@ func (l *live) get(ids []string) (infos []optimistic.KeyInfo, missing []int) {
 	l.kept.Add(int64(len(ids) - len(missing)))
 	if !l.reading && !l.closed && len(l.queue) > 0 {
 		l.reading = true
-		go l.refresh()
+		ctx, cancel := context.WithCancel(context.Background())
+		l.stop, l.done = cancel, make(chan struct{})
+		go l.refresh(ctx, cancel, l.done)
 	}
 	return infos, missing
 }
@@ -159,16 +163,29 @@ func (l *live) sweep(now time.Time) {
 // age is n times maxAge.
 func (l *live) age(n int) time.Duration { return time.Duration(n) * min(l.maxAge, liveMaxAgeCap) }
 
-// close starts no more reads in the background; one under way ends within
-// liveReadTimeout.
-func (l *live) close() {
+// close starts no more reads in the background, ends the one under way
+// and waits for it, or for ctx, whichever ends first: the store may be
+// closed next.
+func (l *live) close(ctx context.Context) {
 	l.mu.Lock()
-	defer l.mu.Unlock()
 	l.closed = true
+	stop, done := l.stop, l.done
+	l.mu.Unlock()
+	if stop == nil {
+		return
+	}
+	stop()
+	select {
+	case <-done:
+	case <-ctx.Done():
+	}
 }
 
-// refresh reads the queued states until none is left.
-func (l *live) refresh() {
+// refresh reads the queued states until none is left or ctx ends, then
+// cancels ctx and closes done.
+func (l *live) refresh(ctx context.Context, cancel context.CancelFunc, done chan<- struct{}) {
+	defer close(done)
+	defer cancel()
 	for {
 		l.mu.Lock()
 		ids := l.queue
@@ -184,10 +201,10 @@ func (l *live) refresh() {
 		if len(ids) == 0 {
 			return
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), liveReadTimeout)
+		rctx, rcancel := context.WithTimeout(ctx, liveReadTimeout)
 		read := time.Now()
-		infos, err := l.store.Inspect(ctx, ids...)
-		cancel()
+		infos, err := l.store.Inspect(rctx, ids...)
+		rcancel()
 		if err != nil {
 			// The next allocate that wants them reads them itself.
 			l.log.Debug("read live state of keys", "keys", len(ids), "err", err)
@@ -204,8 +221,12 @@ func (l *live) refresh() {
 	}
 }
 
-// drop forgets the states of ids, and any read of them that started
-// before: the store did not find them as kept.
+// drop forgets the kept states of ids, and any read of them that started
+// before: the store did not find them as kept. A key with no state, and
+// none being read in the background, is left alone: a full pool's answer
+// costs the keys it ranked on, not every key of the pool (an allocate's
+// own read of such a key, started before, may then still keep what it
+// found, for ranking only, until it is stale).
 func (l *live) drop(ids ...string) {
 	if l.maxAge <= 0 {
 		return
@@ -214,7 +235,9 @@ func (l *live) drop(ids ...string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for _, id := range ids {
-		l.keys[id] = liveKey{dropped: now}
+		if _, ok := l.keys[id]; ok || l.queued[id] {
+			l.keys[id] = liveKey{dropped: now}
+		}
 	}
 }
 

@@ -22,6 +22,10 @@ func TestLiveStateForgotten(t *testing.T) {
 	l.put([]optimistic.KeyInfo{{ID: "kept", Exists: true}}, now)
 	_, missing := l.get([]string{"gone", "kept"})
 	require.Equal(t, []int{0}, missing)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	require.NotContains(t, l.keys, "gone", "swept, not only too old to rank")
+	require.Contains(t, l.keys, "kept")
 }
 
 // A read that started before a drop does not bring the dropped state
@@ -51,7 +55,7 @@ func (inspectFails) Inspect(ctx context.Context, ids ...string) ([]optimistic.Ke
 // allocate reads them itself rather than rank on them.
 func TestLiveStateBackgroundReadFails(t *testing.T) {
 	l := newLive(inspectFails{}, time.Hour, slog.Default())
-	defer l.close()
+	defer l.close(context.Background())
 	l.put([]optimistic.KeyInfo{{ID: "k", Exists: true}}, time.Now().Add(-2*time.Hour))
 	_, missing := l.get([]string{"k"})
 	require.Empty(t, missing, "stale, but still ranks while it is read again")
@@ -60,4 +64,35 @@ func TestLiveStateBackgroundReadFails(t *testing.T) {
 		return len(missing) == 1
 	}, time.Minute, time.Millisecond)
 	require.Zero(t, l.reads().Background)
+}
+
+// inspectBlocks is a store whose Inspect waits for its ctx to end, as one
+// that stopped answering; done is closed once it returned.
+type inspectBlocks struct {
+	optimistic.LeaseStore
+	started, done chan struct{}
+}
+
+func (s inspectBlocks) Inspect(ctx context.Context, ids ...string) ([]optimistic.KeyInfo, error) {
+	defer close(s.done)
+	close(s.started)
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+// close ends a background read under way and waits for it: the store may
+// be closed right after.
+func TestLiveCloseEndsTheBackgroundRead(t *testing.T) {
+	store := inspectBlocks{started: make(chan struct{}), done: make(chan struct{})}
+	l := newLive(store, time.Hour, slog.Default())
+	l.put([]optimistic.KeyInfo{{ID: "k", Exists: true}}, time.Now().Add(-2*time.Hour))
+	_, missing := l.get([]string{"k"})
+	require.Empty(t, missing, "stale: read again in the background")
+	<-store.started
+	l.close(t.Context())
+	select {
+	case <-store.done:
+	default:
+		t.Fatal("close returned while the background read still ran")
+	}
 }
