@@ -25,11 +25,11 @@ type allocated struct {
 	err   error
 }
 
-// keyStore is a Store on rdb with key k (provider p, pool default) of
-// limit 5.
-func keyStore(t *testing.T, rdb redis.UniversalClient) *Store {
+// keyStore is a Store on rdb with opts and key k (provider p, pool
+// default) of limit 5.
+func keyStore(t *testing.T, rdb redis.UniversalClient, opts *Options) *Store {
 	t.Helper()
-	s, err := New(rdb, nil)
+	s, err := New(rdb, opts)
 	require.NoError(t, err)
 	require.NoError(t, s.SyncKey(t.Context(), KeyState{ID: "k", Provider: "p", Pool: "default", Status: StatusAvailable, MaxConcurrentUses: 5}))
 	return s
@@ -81,7 +81,7 @@ func requireLive(t *testing.T, s *Store, want int) {
 // one read-decide round for all of them, each its own lease and fence, and
 // a call whose pool the key does not serve stays in line.
 func TestWaitingCallsShareTheHoldersCommit(t *testing.T) {
-	s := keyStore(t, redistest.Start(t).Client(t))
+	s := keyStore(t, redistest.Start(t).Client(t), nil)
 	out, release := lineUp(t, s, "default", "default", "default", "default", "vip")
 	release()
 	require.Equal(t, 1, granted(t, out, 4), "one read-decide round granted all four")
@@ -98,7 +98,7 @@ func TestLostReplyOfASharedCommit(t *testing.T) {
 	proxy := redistest.NewProxy(t, srv.Addr)
 	rdb := redis.NewClient(&redis.Options{Addr: proxy.Addr, DialerRetries: 1})
 	t.Cleanup(func() { _ = rdb.Close() })
-	s := keyStore(t, rdb)
+	s := keyStore(t, rdb, nil)
 	out, release := lineUp(t, s, "default", "default", "default")
 	proxy.CutNextExec()
 	release()
@@ -107,10 +107,26 @@ func TestLostReplyOfASharedCommit(t *testing.T) {
 	requireLive(t, s, 3)
 }
 
+// A shared commit that no replica acknowledged (the server has none)
+// grants nobody: the calls it carried go back in line, each then fails as
+// its own grant would, and no lease or record is left.
+func TestUnreplicatedSharedCommitGivesEveryLeaseBack(t *testing.T) {
+	srv := redistest.Start(t)
+	s := keyStore(t, srv.Client(t), &Options{MinReplicas: 1, ReplicaTimeout: 10 * time.Millisecond})
+	out, release := lineUp(t, s, "default", "default", "default")
+	release()
+	for range 3 {
+		got := <-out
+		require.ErrorIs(t, got.err, errUnreplicated, "got %+v", got.lease)
+	}
+	requireLive(t, s, 0)
+	require.Empty(t, srv.Find(t, ":lease:"), "no lease record left")
+}
+
 // A call that gives up while in line leaves nothing behind: no ticket for
 // a later holder to grant, no lease.
 func TestCallLeavingTheLineTakesNoSlot(t *testing.T) {
-	s := keyStore(t, redistest.Start(t).Client(t))
+	s := keyStore(t, redistest.Start(t).Client(t), nil)
 	release, err := s.enter(t.Context(), "k", true)
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(t.Context())

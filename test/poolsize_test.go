@@ -18,16 +18,19 @@ import (
 // catalog is ranked in memory and only the best few candidates' live state
 // is read (--inspect). Measured on a real redis-server with INFO's command
 // count, at 32, 512 and 4,096 keys in the pool, with the live state read
-// on every allocate and with it kept (--live-max-age).
+// on every allocate (LiveMaxAge -1) and with it kept (0, the default
+// --live-max-age). What keeping saves depends on how often the best
+// candidates repeat, so it is logged, not asserted.
 func TestAllocateCostIsBoundedByPoolSize(t *testing.T) {
 	for _, liveMaxAge := range []time.Duration{-1, 0} {
 		cost := allocateCost(t, liveMaxAge)
-		require.LessOrEqual(t, cost[4096], 2*cost[32], "live-max-age %v", liveMaxAge)
+		require.LessOrEqual(t, cost[4096], 2*cost[32], "LiveMaxAge %v", liveMaxAge)
 	}
 }
 
 // allocateCost is the Redis commands per allocate at 32, 512 and 4,096
-// keys, with the broker's LiveMaxAge set to liveMaxAge.
+// keys, with the broker's LiveMaxAge set to liveMaxAge (-1: read every
+// time, as --live-max-age 0; 0: the default).
 func allocateCost(t *testing.T, liveMaxAge time.Duration) map[int]float64 {
 	const allocates = 10
 	perAllocate := map[int]float64{}
@@ -52,7 +55,11 @@ func allocateCost(t *testing.T, liveMaxAge time.Duration) map[int]float64 {
 			require.Equal(t, http.StatusOK, code, "%v", out)
 		}
 		perAllocate[n] = float64(commands(t, s)-before-1) / allocates // less the INFO itself
-		t.Logf("live-max-age %v, %5d keys: %.1f Redis commands per allocate", liveMaxAge, n, perAllocate[n])
+		how := "live state kept (the default)"
+		if liveMaxAge < 0 {
+			how = "live state read on every allocate (--live-max-age 0)"
+		}
+		t.Logf("%5d keys, %s: %.1f Redis commands per allocate", n, how, perAllocate[n])
 	}
 	return perAllocate
 }

@@ -225,7 +225,7 @@ const serviceReading = `**What is measured.** *Service*: ` + "`credpool serve`" 
 	`outcome success, which releases. A *cycle* is both answered 200 with the lease released. Latencies run from ` +
 	`sending a request to reading its answer: HTTP over kept-alive connections (each caller's own, opened before ` +
 	`the clock starts, on which the caller writes and reads HTTP/1.1 itself: net/http's client spent about ` +
-	`twice the CPU per cycle on the CPUs the service shares), routing, auth, JSON, the request log line, the ` +
+	`1.6–2× the CPU per cycle on the CPUs the service shares), routing, auth, JSON, the request log line, the ` +
 	`broker's catalog reads and ranking (with the live state it keeps, see --live-max-age), the store's ` +
 	`Allocate or Release, and what the catalog does on the request path (its generation read at the re-check, and before an answer of no grant; uses are written behind, once a second). After an answer other than 200 a caller ` +
 	`pauses as after "no slot". *Store*: the same lease store alone, in the harness's process (no HTTP, no catalog), ` +

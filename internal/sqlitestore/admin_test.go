@@ -14,7 +14,8 @@ import (
 	"github.com/credpool/credpool/optimistic"
 )
 
-func newStore(t *testing.T) *sqlitestore.Store {
+// newStore is a store on a fresh file, and the file's database.
+func newStore(t *testing.T) (*sqlitestore.Store, *sqlitex.DB) {
 	t.Helper()
 	db, err := sqlitex.Open(filepath.Join(t.TempDir(), "credpool.db"))
 	require.NoError(t, err)
@@ -22,7 +23,7 @@ func newStore(t *testing.T) *sqlitestore.Store {
 	s, err := sqlitestore.New(t.Context(), db, nil)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = s.Close() })
-	return s
+	return s, db
 }
 
 func state(id string, limit int) optimistic.KeyState {
@@ -32,7 +33,7 @@ func state(id string, limit int) optimistic.KeyState {
 // SyncKeys writes every key or, if one is invalid, none; an update keeps
 // the key's leases.
 func TestSyncKeysAllOrNothing(t *testing.T) {
-	s := newStore(t)
+	s, _ := newStore(t)
 	ctx := context.Background()
 	bad := state("k2", 1)
 	bad.Status = "no such status"
@@ -65,13 +66,8 @@ func TestSyncKeysAllOrNothing(t *testing.T) {
 // A write that fails inside SyncKeys's transaction (the database refuses
 // the second key) leaves none of the keys written.
 func TestSyncKeysFailsWhole(t *testing.T) {
-	db, err := sqlitex.Open(filepath.Join(t.TempDir(), "credpool.db"))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = db.Close() })
-	s, err := sqlitestore.New(t.Context(), db, nil)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = s.Close() })
-	_, err = db.ExecContext(t.Context(), `CREATE TRIGGER refuse_k1 BEFORE INSERT ON lease_keys WHEN NEW.id = 'k1'
+	s, db := newStore(t)
+	_, err := db.ExecContext(t.Context(), `CREATE TRIGGER refuse_k1 BEFORE INSERT ON lease_keys WHEN NEW.id = 'k1'
 BEGIN SELECT RAISE(ABORT, 'injected fault'); END`)
 	require.NoError(t, err)
 

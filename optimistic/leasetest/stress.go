@@ -30,9 +30,12 @@ import (
 //
 // A lease lasts until its expiry by the store's clock, the host's wall
 // clock, which the test shares. A release or renewal may find a lease gone
-// only once that clock has passed its expiry: a step of the wall clock, or
-// a stall longer than the lease, ends leases early, and the test holds the
-// store to that rule rather than to the monotonic clock.
+// only once that clock has passed its expiry: a forward step of the wall
+// clock, or a stall longer than the lease, ends leases early, and the test
+// holds the store to that rule rather than to the monotonic clock. A step
+// back mid-run is not allowed for: the hold intervals, a release's end by
+// this process's clock against the next grant's start by the store's,
+// could then seem to overlap.
 func Stress(t *testing.T, newBackend Factory, d time.Duration) {
 	b := newBackend(t)
 	procs := stores(t, b)
