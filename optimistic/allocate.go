@@ -54,7 +54,8 @@ import (
 //
 // With req.Wait, a call that finds no free slot waits in line for one
 // (see Await) and tries again when woken, until req.Wait passes; its
-// Stats add up every try.
+// Stats add up every try. A release in this process may hand it a slot
+// meanwhile (see Release).
 func (s *Store) Allocate(ctx context.Context, req AllocateRequest) (Lease, Stats, error) {
 	if err := req.Validate(); err != nil {
 		return Lease{}, Stats{}, err
@@ -511,16 +512,16 @@ func (a *allocation) giveBack(ctx context.Context, keyID string) {
 	a.giveBackMembers(ctx, keyID, a.member)
 }
 
-// giveBackMembers is giveBack of the leases of members on keyID, in one
-// MULTI.
-func (a *allocation) giveBackMembers(ctx context.Context, keyID string, members ...string) {
+// giveBackMembers deletes the leases of members on keyID in one MULTI, as
+// giveBack does.
+func (s *Store) giveBackMembers(ctx context.Context, keyID string, members ...string) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), unwatchTimeout)
 	defer cancel()
-	leasesKey := a.keys.Leases(keyID)
+	leasesKey := s.keys.Leases(keyID)
 	zrem := []any{"zrem", leasesKey}
 	del := []any{"del"}
 	for _, m := range members {
-		zrem, del = append(zrem, m), append(del, a.keys.Lease(keyID, m))
+		zrem, del = append(zrem, m), append(del, s.keys.Lease(keyID, m))
 	}
 	drop := func(c redis.UniversalClient) error {
 		_, err := c.TxPipelined(ctx, func(p redis.Pipeliner) error {
@@ -530,13 +531,13 @@ func (a *allocation) giveBackMembers(ctx context.Context, keyID string, members 
 		})
 		return err
 	}
-	rdb, err := a.owner(ctx, leasesKey)
+	rdb, err := s.owner(ctx, leasesKey)
 	if err != nil {
 		return
 	}
 	if err := drop(rdb); isRedirect(err) {
 		// The slot moved: let the cluster client follow it.
-		_ = drop(a.rdb)
+		_ = drop(s.rdb)
 	}
 }
 

@@ -39,8 +39,8 @@ type coalescer struct {
 type queuedTx struct {
 	txCall
 	// settled runs in the sending goroutine once the outcome is known,
-	// even if the caller has gone.
-	settled func(replies []any, err error)
+	// even if the caller has gone, with then's reply too.
+	settled func(replies []any, then any, err error)
 	replies []any
 	err     error
 	done    chan struct{}
@@ -49,12 +49,12 @@ type queuedTx struct {
 // do runs body as one MULTI…EXEC on c, followed by then (unless nil) in
 // the same round trip, in a pipeline shared with other callers', and
 // returns EXEC's replies as multi does; settled (unless nil) runs with
-// them first. If ctx ends first, do returns ctx's error at once: the
+// them, and then's reply (nil if none), first. If ctx ends first, do returns ctx's error at once: the
 // transaction may still run, and settled still runs.
 //
 // A pipeline is never sent twice (see onceCmd): when the network fails
 // it, every transaction in it fails, whether or not the server ran it.
-func (co *coalescer) do(ctx context.Context, c *redis.Client, body []cmd, then cmd, settled func([]any, error)) ([]any, error) {
+func (co *coalescer) do(ctx context.Context, c *redis.Client, body []cmd, then cmd, settled func([]any, any, error)) ([]any, error) {
 	call := &queuedTx{txCall: txCall{body: body, then: then}, settled: settled, done: make(chan struct{})}
 	co.mu.Lock()
 	if co.queues == nil {
@@ -106,7 +106,11 @@ func (co *coalescer) send(c *redis.Client) (more bool) {
 	for _, call := range calls {
 		call.replies, _, call.err = call.result()
 		if call.settled != nil {
-			call.settled(call.replies, call.err)
+			var then any
+			if call.after != nil {
+				then = call.after.Val()
+			}
+			call.settled(call.replies, then, call.err)
 		}
 		close(call.done)
 	}

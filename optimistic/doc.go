@@ -97,4 +97,10 @@
 // round trip, right after its EXEC (Store.Await). FreeAt and WaitPoll
 // bound what a lost notice costs. Waiter is the contract for stores that
 // can wait.
+//
+// While no other process waits for a key, a release in this process hands
+// its slot to the first caller waiting here in the release's own MULTI
+// (one round trip for a release and a grant; the slot is never free in
+// between), checked by what that MULTI reads back: see Store.Release.
+// Callers that do not wait find such a key full until its line is empty.
 package optimistic

@@ -26,6 +26,15 @@ import (
 // Releases of concurrent callers to one server share that round trip
 // (see coalescer). If ctx ends before the answer, the lease may or may
 // not have been released.
+//
+// While callers of this process wait for the key (Allocate with Wait) and
+// no other process does, the same MULTI hands the slot to the first of
+// them, with a lease of its own: the slot is never free for anyone else
+// in between, and the caller reads and commits nothing. The MULTI reads
+// back what it changed, and the caller gets the lease only if the key
+// still serves its provider and pool, is usable and within its limit;
+// else the lease is deleted and the caller tries the store itself. See
+// the handoff notes in the source for what is checked and why.
 func (s *Store) Release(ctx context.Context, ref LeaseRef) error {
 	if err := ref.Validate(); err != nil {
 		return err
@@ -99,14 +108,20 @@ func (s *Store) holder(ctx context.Context, rdb redis.UniversalClient, ref Lease
 // shared with other callers' releases (see coalescer). A slot it freed
 // wakes the next caller waiting here in line at once (this store's own
 // notice is ignored here), even if the caller's ctx ended meanwhile.
+//
+// A caller of this process waiting for the key may be handed the slot in
+// the same MULTI instead (see handoff).
 func (s *Store) release(ctx context.Context, rdb redis.UniversalClient, ref LeaseRef) error {
+	plain, ok := rdb.(*redis.Client)
+	if ok {
+		if h := s.handoffTo(plain, ref); h != nil {
+			return s.handOver(ctx, plain, ref, h)
+		}
+	}
 	leasesKey, m := s.keys.Leases(ref.KeyID), member(ref)
 	body := []cmd{{"time"}, {"zscore", leasesKey, m}, {"zrem", leasesKey, m}, {"del", s.keys.Lease(ref.KeyID, m)}}
 	notice := s.notice(ref.KeyID, false)
-	settled := func(replies []any, err error) {
-		if err != nil {
-			return
-		}
+	freed := func(replies []any) {
 		if removed, _ := replies[2].(int64); removed == 1 {
 			s.notes.freed(ref.KeyID)
 			s.queue.Wake(ref.KeyID)
@@ -116,25 +131,43 @@ func (s *Store) release(ctx context.Context, rdb redis.UniversalClient, ref Leas
 		replies []any
 		err     error
 	)
-	if plain, ok := rdb.(*redis.Client); ok {
-		replies, err = s.releases.do(ctx, plain, body, notice, settled)
+	if ok {
+		replies, err = s.releases.do(ctx, plain, body, notice, func(replies []any, then any, err error) {
+			if err != nil {
+				return
+			}
+			if now, ok := replyMillis(replies[0]); ok {
+				s.clock.set(plain, now)
+			}
+			if n, ok := then.(int64); ok {
+				// SPUBLISH's reply: how many listen for the key.
+				s.notices.heard(ref.KeyID, n)
+			}
+			freed(replies)
+		})
 	} else if replies, err = txPipelinedDo(ctx, rdb, body); err == nil {
 		// A client that routes commands itself: the notice goes alone.
 		_ = rdb.Do(ctx, notice...).Err()
-		settled(replies, nil)
+		freed(replies)
 	}
 	if err != nil {
 		return err
 	}
-	if removed, _ := replies[2].(int64); removed == 0 {
+	return s.released(ctx, rdb, ref, replies[0], replies[1], replies[2])
+}
+
+// released is Release's answer from the replies of its MULTI's TIME,
+// ZSCORE and ZREM of ref's member.
+func (s *Store) released(ctx context.Context, rdb redis.UniversalClient, ref LeaseRef, clock, score, removed any) error {
+	if n, _ := removed.(int64); n == 0 {
 		return s.lost(ctx, rdb, ref)
 	}
-	now, ok := replyMillis(replies[0])
-	score, _ := replyFloat(replies[1])
+	now, ok := replyMillis(clock)
+	until, _ := replyFloat(score)
 	switch {
 	case !ok:
-		return fmt.Errorf("optimistic: release: unexpected TIME reply %v", replies[0])
-	case int64(score) <= now:
+		return fmt.Errorf("optimistic: release: unexpected TIME reply %v", clock)
+	case int64(until) <= now:
 		return NotHeld(ref.LeaseID, LostExpired)
 	}
 	return nil

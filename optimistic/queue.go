@@ -45,9 +45,37 @@ type Place struct {
 	// parked says p waits in Wait: it found no slot, or waits for its
 	// turn. Guarded by q.mu.
 	parked bool
+	// offer, when set, lets a release in this process hand p its slot
+	// (see handoff). Replaced only by p's goroutine, under q.mu.
+	offer  *handoff
+	handed *Lease // a slot handed to p, once it took it
 	leave  func()
 	left   bool
 	waited time.Duration
+}
+
+// A handoff is a waiting caller's request that a release on one of its
+// keys may grant in its own MULTI (see Store.Release): the slot goes from
+// the releasing holder to the caller without ever being free.
+type handoff struct {
+	provider, pool string
+	ttl            time.Duration
+	claimed        bool // by a release; guarded by Queue.mu
+	// done is closed once the release that claimed it settled it: lease
+	// is the caller's if ok, else the caller tries the store itself.
+	done  chan struct{}
+	lease Lease
+	ok    bool
+}
+
+func newHandoff(provider, pool string, ttl time.Duration) *handoff {
+	return &handoff{provider: provider, pool: pool, ttl: ttl, done: make(chan struct{})}
+}
+
+// settle hands h its outcome.
+func (h *handoff) settle(lease Lease, ok bool) {
+	h.lease, h.ok = lease, ok
+	close(h.done)
 }
 
 // Join puts a new place at the end of the line of each of keyIDs. The
@@ -67,18 +95,40 @@ func (q *Queue) Join(keyIDs []string) *Place {
 }
 
 // Wake hands a freed slot on keyID to the earliest caller waiting on it
-// that holds no wake-up yet; with none, it does nothing (callers that are
-// trying the store right now see the slot themselves).
+// that holds no wake-up yet and is not being handed a slot (see handoff);
+// with none, it does nothing (callers that are trying the store right now
+// see the slot themselves).
 func (q *Queue) Wake(keyID string) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	for _, p := range q.lines[keyID] {
+		if p.offer != nil && p.offer.claimed {
+			// A release is handing it a slot.
+			continue
+		}
 		select {
 		case p.wake <- keyID:
 			return
 		default:
 		}
 	}
+}
+
+// claim takes the handoff of the earliest caller waiting on keyID, parked
+// and holding no wake-up, that asks for provider and pool: a release of
+// such a lease may grant it (see Store.Release). It returns nil when there
+// is none. The caller must settle what it claimed.
+func (q *Queue) claim(keyID, provider, pool string) *handoff {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for _, p := range q.lines[keyID] {
+		h := p.offer
+		if p.parked && len(p.wake) == 0 && h != nil && !h.claimed && h.provider == provider && h.pool == pool {
+			h.claimed = true
+			return h
+		}
+	}
+	return nil
 }
 
 // WakeAll wakes every caller waiting on keyID: an event that may have
@@ -127,12 +177,6 @@ func (p *Place) Behind() bool {
 	return len(p.keys) > 0
 }
 
-func (p *Place) park(on bool) {
-	p.q.mu.Lock()
-	p.parked = on
-	p.q.mu.Unlock()
-}
-
 // Wait blocks until p is woken (a slot freed on one of its keys), until
 // passes, or ctx ends; only the last is an error, ctx's own.
 func (p *Place) Wait(ctx context.Context, until time.Time) error {
@@ -140,24 +184,64 @@ func (p *Place) Wait(ctx context.Context, until time.Time) error {
 	return err
 }
 
-// wait is Wait that says whether p was woken.
+// wait is Wait that says whether p was woken. A release that claimed p's
+// handoff meanwhile is waited for, however p's wait ended: its slot, if
+// handed, is then p's (Handed), and a wake-up p took meanwhile goes to
+// the next caller.
 func (p *Place) wait(ctx context.Context, until time.Time) (woken bool, err error) {
 	start := time.Now()
-	p.park(true)
-	defer func() {
-		p.park(false)
-		p.waited += time.Since(start)
-	}()
+	defer func() { p.waited += time.Since(start) }()
+	p.q.mu.Lock()
+	p.parked = true
+	p.q.mu.Unlock()
 	t := time.NewTimer(time.Until(until))
 	defer t.Stop()
-	select {
-	case <-p.wake:
-		return true, nil
-	case <-t.C:
-		return false, nil
-	case <-ctx.Done():
-		return false, ctx.Err()
+	var (
+		handed <-chan struct{}
+		wakeID string
+	)
+	if p.offer != nil {
+		handed = p.offer.done
 	}
+	select {
+	case wakeID = <-p.wake:
+		woken = true
+	case <-handed:
+	case <-t.C:
+	case <-ctx.Done():
+		err = ctx.Err()
+	}
+	p.q.mu.Lock()
+	p.parked = false
+	h := p.offer
+	claimed := h != nil && h.claimed
+	if claimed {
+		p.offer = newHandoff(h.provider, h.pool, h.ttl)
+	}
+	p.q.mu.Unlock()
+	if !claimed {
+		return woken, err
+	}
+	// Settled within the release's own bound (coalesceTimeout).
+	<-h.done
+	if !h.ok {
+		// Not granted: p tries the store itself, as if woken.
+		return true, err
+	}
+	p.handed = &h.lease
+	if wakeID != "" {
+		p.q.Wake(wakeID)
+	}
+	return true, err
+}
+
+// offerHandoff lets releases in this process hand p a slot of provider and
+// pool for ttl while it waits (see Store.Release). A store that hands
+// nothing over leaves it unused.
+func (p *Place) offerHandoff(provider, pool string, ttl time.Duration) {
+	p.q.mu.Lock()
+	defer p.q.mu.Unlock()
+	p.offer = newHandoff(provider, pool, ttl)
 }
 
 // Waited returns the time p spent in Wait.
@@ -194,7 +278,9 @@ func (p *Place) Leave() {
 
 // Retry calls try until it returns anything but "not now" (a
 // *CapacityError, or ErrContended: a hot key, busy with other processes),
-// or until passes: then it returns try's last answer. Between tries it
+// or until passes: then it returns try's last answer; or until a release
+// hands p a slot (see Store.Release): then it returns nil, or ctx's error
+// if ctx ended meanwhile, and the slot is p's to use or give back. Between tries it
 // waits in p's place for a wake-up, the capacity error's FreeAt (for the
 // caller first in line), or WaitPoll (only the first in line asks again
 // then), whichever comes first. No try starts
@@ -202,7 +288,7 @@ func (p *Place) Leave() {
 // time gets the answer, not its own deadline. A caller behind others in
 // line waits for its turn before its first try, and tries once even if
 // until passed meanwhile. If ctx ends while it waits, it returns ctx's
-// error, having taken nothing.
+// error, having taken nothing but a slot handed over meanwhile.
 func (p *Place) Retry(ctx context.Context, until time.Time, try func(context.Context) error) error {
 	var (
 		full *CapacityError
@@ -213,6 +299,9 @@ func (p *Place) Retry(ctx context.Context, until time.Time, try func(context.Con
 			woken, err := p.wait(ctx, p.next(full, until))
 			if err != nil {
 				return fmt.Errorf("optimistic: waiting for a free slot: %w", err)
+			}
+			if p.handed != nil {
+				return nil
 			}
 			ended := !time.Now().Before(until)
 			if last != nil && ended {

@@ -24,8 +24,8 @@ func TestQueueWakesInArrivalOrder(t *testing.T) {
 	a, b, c := q.Join([]string{"k"}), q.Join([]string{"k", "j"}), q.Join([]string{"j"})
 	require.Equal(t, 3, q.Len())
 	require.False(t, c.Behind(), "b is still trying: c may try too")
-	a.park(true)
-	b.park(true)
+	park(a)
+	park(b)
 	require.False(t, a.Behind())
 	require.False(t, b.Behind(), "nobody waited on j before b")
 	require.True(t, c.Behind(), "b waits on j before c")
@@ -138,7 +138,7 @@ func TestPlaceRetry(t *testing.T) {
 	t.Run("behind waits for its turn", func(t *testing.T) {
 		first := q.Join([]string{"k"})
 		defer first.Leave()
-		first.park(true) // it found k full
+		park(first) // it found k full
 		p := q.Join([]string{"k"})
 		defer p.Leave()
 		until := time.Now().Add(20 * time.Millisecond)
@@ -151,4 +151,11 @@ func TestPlaceRetry(t *testing.T) {
 		require.False(t, triedAt.Before(until), "tried before its turn: nobody woke it and the wait had not ended")
 		require.Positive(t, p.Waited())
 	})
+}
+
+// park marks p as waiting in Wait, as if it had found its keys full.
+func park(p *Place) {
+	p.q.mu.Lock()
+	defer p.q.mu.Unlock()
+	p.parked = true
 }

@@ -137,6 +137,8 @@ type Store struct {
 	notes notes
 	// releases sends concurrent releases to a server together.
 	releases coalescer
+	// clock is each server's clock as releases read it (see handoff).
+	clock storeClock
 }
 
 // New returns a Store over rdb: a standalone, Sentinel (failover) or Cluster

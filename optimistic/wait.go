@@ -55,7 +55,10 @@ func (s *Store) Waiting() int { return s.queue.Len() }
 // AllocateWaiting is Allocate with req.Wait for a Waiter w: it joins w's
 // line on req's candidates and calls allocate, an Allocate that does not
 // wait, until it grants, fails otherwise than "not yet" (NotYet), or
-// req.Wait passes (the last answer, full or contended, then stands). The Stats add up every call's,
+// req.Wait passes (the last answer, full or contended, then stands). A
+// release in w's process may hand it a slot meanwhile (see
+// Store.Release; a store that does not, like the SQLite one, only wakes
+// it). The Stats add up every call's,
 // with the time waited. It is how this package's Store and the SQLite
 // store wait alike.
 func AllocateWaiting(ctx context.Context, w Waiter, req AllocateRequest, allocate func(context.Context, AllocateRequest) (Lease, Stats, error)) (Lease, Stats, error) {
@@ -78,6 +81,7 @@ func AllocateWaiting(ctx context.Context, w Waiter, req AllocateRequest, allocat
 		return Lease{}, st, err
 	}
 	defer p.Leave()
+	p.offerHandoff(req.Provider, req.Pool, req.TTL)
 	var lease Lease
 	err = p.Retry(ctx, until, func(ctx context.Context) error {
 		var one Stats
@@ -87,6 +91,16 @@ func AllocateWaiting(ctx context.Context, w Waiter, req AllocateRequest, allocat
 		return err
 	})
 	st.Waited = p.Waited()
+	if h := p.handed; h != nil {
+		if err == nil {
+			return *h, st, nil
+		}
+		// Handed over as ctx ended: the slot goes back (or on, to the
+		// next caller in line).
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), coalesceTimeout)
+		defer cancel()
+		_ = w.Release(rctx, h.LeaseRef)
+	}
 	return lease, st, err
 }
 
@@ -120,6 +134,37 @@ type subscription struct {
 	waiters int
 	ready   chan struct{} // closed when Redis confirmed the subscription
 	ps      *redis.PubSub // what it listens on: its own, or notices.shared
+	// listeners is how many connections listened on the channel, this
+	// one included, as a release last heard (0: not heard yet).
+	listeners int64
+}
+
+// heard records n listeners on keyID's channel, as a release's SPUBLISH
+// or PUBSUB SHARDNUMSUB replied.
+func (n *notices) heard(keyID string, listeners int64) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	sub := n.subs[keyID]
+	if sub == nil {
+		return
+	}
+	select {
+	case <-sub.ready:
+		sub.listeners = listeners
+	default:
+		// Not counted yet itself: the count may be another's alone.
+		sub.listeners = 0
+	}
+}
+
+// alone reports whether this store listened on keyID's channel, confirmed,
+// and was the only one to when a release last heard: no other process
+// waits for the key (see handoff).
+func (n *notices) alone(keyID string) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	sub := n.subs[keyID]
+	return sub != nil && sub.listeners == 1
 }
 
 // listen subscribes to the channels of ids not yet listened to and

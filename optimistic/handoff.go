@@ -1,0 +1,184 @@
+package optimistic
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/redis/go-redis/v9"
+
+	rs "github.com/credpool/credpool/internal/redisschema"
+)
+
+// A release on a key that callers of this process wait for (Allocate with
+// Wait) hands its slot to the first of them in its own MULTI, instead of
+// freeing it for that caller to take with a read and an EXEC of its own:
+// the MULTI removes the released lease and adds the caller's, and the
+// slot is never free in between. One round trip then does what took four
+// (the release, and the caller's WATCH and read, and its EXEC), and the
+// key's turn (see enter) is not taken at all.
+//
+// Nothing is read before the MULTI: the transfer is checked by what the
+// MULTI itself reads after its writes, and the caller gets the lease only
+// if the key still exists, serves the lease's provider and pool, is
+// usable, and holds no more leases than its limit, expired ones counted;
+// else the caller's lease is deleted at once and the caller tries the
+// store as if woken. Until then the lease is nobody's, so no holder is
+// ever over the limit; a transfer only replaces a lease, so it is one too
+// many only when the released lease was gone already. The MULTI writes
+// the key HASH (its fence, by HINCRBY: one above the key's last, so never
+// handed out twice, and, at one per grant, never past the clock part of
+// NextFence), which aborts every grant another allocator decided before.
+//
+// A handoff keeps a slot in this process, so a release hands off only
+// while no other process listens for the key's free-slot notices (as
+// last heard from a release: its SPUBLISH, or the PUBSUB SHARDNUMSUB that
+// follows a handoff): their waiters, woken by a plain release, are served
+// in turn. Callers that do not wait, here or anywhere, find the key full
+// while callers wait for it: waiting callers go first. No handoff is made
+// with Options.MinReplicas (the transfer would need the acknowledgement a
+// grant has), with NoGate, or through a client that routes commands
+// itself.
+
+// storeClock keeps, per server, how far its clock (TIME) is ahead of this
+// host's, as last read: a handoff computes its lease's expiry from it.
+type storeClock struct{ m sync.Map } // *redis.Client → int64 (ms)
+
+func (c *storeClock) set(node *redis.Client, storeNow int64) {
+	c.m.Store(node, storeNow-time.Now().UnixMilli())
+}
+
+// now returns node's clock (ms), if its offset was read.
+func (c *storeClock) now(node *redis.Client) (int64, bool) {
+	v, ok := c.m.Load(node)
+	if !ok {
+		return 0, false
+	}
+	return time.Now().UnixMilli() + v.(int64), true
+}
+
+// handoffTo claims the handoff of a caller waiting on ref's key, if ref's
+// release on node may grant it (see above); nil if not.
+func (s *Store) handoffTo(node *redis.Client, ref LeaseRef) *handoff {
+	if s.opts.NoGate || s.opts.MinReplicas > 0 || !s.notices.alone(ref.KeyID) {
+		return nil
+	}
+	if _, ok := s.clock.now(node); !ok {
+		return nil
+	}
+	return s.queue.claim(ref.KeyID, ref.Provider, ref.Pool)
+}
+
+// The replies of a handoff's MULTI that settle it, by position in its body.
+const (
+	handTime = iota
+	handScore
+	handRemoved
+	_ // DEL of the released lease's record
+	handKey
+	_ // ZADD of the new lease
+	handCount
+	_ // its record
+	_ // its record's expiry
+	handFence
+)
+
+// handOver releases ref's lease and grants h in one MULTI on node (see
+// above), and returns what Release returns for ref. h is settled either
+// way: by the time the reply is read, or, when the grant is refused or its
+// outcome unknown, once its lease is deleted.
+func (s *Store) handOver(ctx context.Context, node *redis.Client, ref LeaseRef, h *handoff) error {
+	keyID := ref.KeyID
+	leasesKey, keyKey, old := s.keys.Leases(keyID), s.keys.Key(keyID), member(ref)
+	leaseID := uuid.NewString()
+	m := rs.Member(leaseID, h.provider, h.pool)
+	record := s.keys.Lease(keyID, m)
+	now, _ := s.clock.now(node)
+	until := now + h.ttl.Milliseconds()
+	hmget := cmd{"hmget", keyKey}
+	for _, f := range keyFields {
+		hmget = append(hmget, f)
+	}
+	body := []cmd{
+		{"time"}, {"zscore", leasesKey, old}, {"zrem", leasesKey, old}, {"del", s.keys.Lease(keyID, old)},
+		hmget,
+		{"zadd", leasesKey, until, m},
+		{"zcard", leasesKey},
+		{"hset", record, rs.FieldKeyID, keyID, rs.FieldProvider, h.provider, rs.FieldPool, h.pool, rs.FieldUntil, until},
+		{"pexpireat", record, until + s.opts.RecordGrace.Milliseconds()},
+		{"hincrby", keyKey, rs.FieldFence, 1},
+		{"hset", keyKey, rs.FieldLastUsed, now},
+	}
+	numsub := cmd{"pubsub", "shardnumsub", s.keys.Free(keyID)}
+	settled := func(replies []any, then any, err error) {
+		var stray bool
+		if err == nil {
+			if n, ok := shardNumSub(then); ok {
+				s.notices.heard(keyID, n)
+			}
+			lease, ok, gone := s.granted(node, replies, h, keyID, leaseID, until)
+			if ok {
+				h.settle(lease, true)
+				return
+			}
+			stray = gone
+		}
+		// Refused, or of unknown outcome: the lease goes before the
+		// caller tries again, so that it does not find its own slot
+		// taken.
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), unwatchTimeout)
+			defer cancel()
+			s.giveBackMembers(ctx, keyID, m)
+			if stray {
+				// The key was gone: the fence and last-use writes made a
+				// HASH of their own, which goes too. A key written again
+				// meanwhile only loses them: its next fence is by the
+				// clock (NextFence), and a last use is a ranking hint.
+				_ = s.rdb.HDel(ctx, keyKey, rs.FieldFence, rs.FieldLastUsed).Err()
+			}
+			h.settle(Lease{}, false)
+		}()
+	}
+	replies, err := s.releases.do(ctx, node, body, numsub, settled)
+	if err != nil {
+		return err
+	}
+	return s.released(ctx, node, ref, replies[handTime], replies[handScore], replies[handRemoved])
+}
+
+// granted says whether a handoff's MULTI, which replied replies, granted
+// h the lease leaseID until (see above), and if not, whether the key was
+// gone (the MULTI's HASH writes then made a stray one).
+func (s *Store) granted(node *redis.Client, replies []any, h *handoff, keyID, leaseID string, until int64) (lease Lease, ok, stray bool) {
+	now, ok := replyMillis(replies[handTime])
+	if !ok {
+		return Lease{}, false, false
+	}
+	s.clock.set(node, now)
+	vals, _ := replies[handKey].([]any)
+	k := parseKey(vals)
+	count, _ := replies[handCount].(int64)
+	fence, _ := replies[handFence].(int64)
+	if !k.member(h.provider, h.pool) || !Usable(k.status, k.cooldown, now) || count > int64(k.limit) ||
+		fence <= 0 || until-now < h.ttl.Milliseconds()/2 {
+		return Lease{}, false, !k.exists
+	}
+	return Lease{
+		LeaseRef: LeaseRef{Provider: h.provider, Pool: h.pool, KeyID: keyID, LeaseID: leaseID},
+		Until:    fromMillis(until),
+		Fence:    fence,
+	}, true, false
+}
+
+// shardNumSub reads a PUBSUB SHARDNUMSUB reply for one channel: its
+// subscribers.
+func shardNumSub(v any) (int64, bool) {
+	r, ok := v.([]any)
+	if !ok || len(r) != 2 {
+		return 0, false
+	}
+	n, ok := r[1].(int64)
+	return n, ok
+}
