@@ -235,13 +235,26 @@ func (p *Place) wait(ctx context.Context, until time.Time) (woken bool, err erro
 	return true, err
 }
 
-// offerHandoff lets releases in this process hand p a slot of provider and
-// pool for ttl while it waits (see Store.Release). A store that hands
-// nothing over leaves it unused.
-func (p *Place) offerHandoff(provider, pool string, ttl time.Duration) {
+// Offer lets a release of a lease of provider and pool in this process
+// hand p its slot, as a lease of ttl, while p waits in Retry (see
+// Store.Release): Retry then returns, and Handed has the lease. A store
+// that hands nothing over (the SQLite one) only wakes p.
+func (p *Place) Offer(provider, pool string, ttl time.Duration) {
 	p.q.mu.Lock()
 	defer p.q.mu.Unlock()
 	p.offer = newHandoff(provider, pool, ttl)
+}
+
+// Handed returns the lease a release handed p (see Offer), if it did
+// since the last call, and forgets it: the caller holds it, to use or
+// release, whatever Retry returned.
+func (p *Place) Handed() (Lease, bool) {
+	h := p.handed
+	p.handed = nil
+	if h == nil {
+		return Lease{}, false
+	}
+	return *h, true
 }
 
 // Waited returns the time p spent in Wait.
@@ -279,8 +292,8 @@ func (p *Place) Leave() {
 // Retry calls try until it returns anything but "not now" (a
 // *CapacityError, or ErrContended: a hot key, busy with other processes),
 // or until passes: then it returns try's last answer; or until a release
-// hands p a slot (see Store.Release): then it returns nil, or ctx's error
-// if ctx ended meanwhile, and the slot is p's to use or give back. Between tries it
+// hands p a slot (see Offer): then it returns nil, or ctx's error if ctx
+// ended meanwhile, and the slot is the caller's (Handed). Between tries it
 // waits in p's place for a wake-up, the capacity error's FreeAt (for the
 // caller first in line), or WaitPoll (only the first in line asks again
 // then), whichever comes first. No try starts

@@ -81,7 +81,7 @@ func AllocateWaiting(ctx context.Context, w Waiter, req AllocateRequest, allocat
 		return Lease{}, st, err
 	}
 	defer p.Leave()
-	p.offerHandoff(req.Provider, req.Pool, req.TTL)
+	p.Offer(req.Provider, req.Pool, req.TTL)
 	var lease Lease
 	err = p.Retry(ctx, until, func(ctx context.Context) error {
 		var one Stats
@@ -91,9 +91,9 @@ func AllocateWaiting(ctx context.Context, w Waiter, req AllocateRequest, allocat
 		return err
 	})
 	st.Waited = p.Waited()
-	if h := p.handed; h != nil {
+	if h, ok := p.Handed(); ok {
 		if err == nil {
-			return *h, st, nil
+			return h, st, nil
 		}
 		// Handed over as ctx ended: the slot goes back (or on, to the
 		// next caller in line).

@@ -1,11 +1,15 @@
 package test
 
 import (
+	"context"
 	"net/http"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/credpool/credpool/optimistic"
 )
 
 // An allocate with wait_ms waits for the slot a release frees instead of
@@ -51,4 +55,80 @@ func TestHTTPWaitForSlot(t *testing.T) {
 		n, _ := s.metric(t, "credpool_allocate_waiting")
 		require.Zero(t, n)
 	})
+}
+
+// A release of the service hands its slot to the request waiting for the
+// key in the same instance (the store's handoff), and the broker confirms
+// the handed lease against the catalog as it does a grant: a key disabled
+// meanwhile is given back, and the request waits on.
+func TestHTTPWaitingRequestHandedASlot(t *testing.T) {
+	for _, disable := range []bool{false, true} {
+		name := map[bool]string{false: "confirmed", true: "disabled in the catalog"}[disable]
+		t.Run(name, func(t *testing.T) {
+			var (
+				s       *service
+				armed   atomic.Bool
+				hookErr = make(chan error, 1)
+			)
+			s = startService(t, serviceOptions{beforeGet: func(id string) {
+				// Runs on the server's goroutine: it reports, not fails.
+				if !armed.CompareAndSwap(true, false) {
+					return
+				}
+				k, err := s.cat.Get(context.Background(), id)
+				if err == nil {
+					k.Status = optimistic.StatusDisabled
+					_, err = s.cat.Put(context.Background(), k)
+				}
+				hookErr <- err
+			}})
+			s.putKey(t, "k1", "default", 1, nil)
+			code, _, held := s.internal(t, "allocate-key", allocBody("default"))
+			require.Equal(t, http.StatusOK, code)
+			wait := func(ms int) <-chan answer {
+				done := make(chan answer, 1)
+				go func() {
+					var a answer
+					a.code, a.body, a.err = s.post("/api/internal/allocate-key", internalKey, withField(allocBody("default"), "wait_ms", ms))
+					done <- a
+				}()
+				return done
+			}
+			waiting := func(n float64) func() bool {
+				return func() bool { v, ok := s.metric(t, "credpool_allocate_waiting"); return ok && v == n }
+			}
+			first := wait(30000)
+			require.Eventually(t, waiting(1), 10*time.Second, 5*time.Millisecond)
+			second := wait(map[bool]int{false: 30000, true: 1000}[disable])
+			require.Eventually(t, waiting(2), 10*time.Second, 5*time.Millisecond)
+			// The first release frees the slot: the first request takes
+			// it, and the instance learns that it alone waits for k1.
+			code, _, _ = s.internal(t, "release", leaseBody(held))
+			require.Equal(t, http.StatusOK, code)
+			a := <-first
+			require.NoError(t, a.err)
+			require.Equal(t, http.StatusOK, a.code, "%v", a.body)
+			require.Eventually(t, waiting(1), 10*time.Second, 5*time.Millisecond)
+
+			armed.Store(disable)
+			code, _, _ = s.internal(t, "release", leaseBody(a.body))
+			require.Equal(t, http.StatusOK, code)
+			b := <-second
+			require.NoError(t, b.err)
+			stats := s.redis.Client(t).Info(t.Context(), "commandstats").Val()
+			require.Contains(t, stats, "cmdstat_pubsub|shardnumsub", "the slot was handed over")
+			_, key := s.admin(t, http.MethodGet, "keys/k1", nil)
+			if !disable {
+				require.Equal(t, http.StatusOK, b.code, "%v", b.body)
+				require.Equal(t, "k1", b.body["key_id"])
+				require.Equal(t, "sk-secret-k1", b.body["credential"].(map[string]any)["api_key"])
+				require.EqualValues(t, 1, key["live_leases"])
+				return
+			}
+			require.NotEqual(t, http.StatusOK, b.code, "%v", b.body)
+			require.NoError(t, <-hookErr)
+			require.EqualValues(t, 0, key["live_leases"], "the handed slot was given back")
+			require.Contains(t, s.logs.String(), `"reason":"status disabled"`)
+		})
+	}
 }

@@ -457,13 +457,36 @@ func (b *Broker) allocate(ctx context.Context, req Request, model string) (Grant
 		return Grant{}, err
 	}
 	defer p.Leave()
+	// A release in this process may hand the request a slot of its own
+	// pool: confirmed against the catalog as a grant of the store is.
+	p.Offer(req.Provider, req.Pool, req.TTL)
 	var g Grant
-	err = p.Retry(ctx, until, func(ctx context.Context) error {
-		var err error
-		g, err = b.allocatePools(ctx, req, model)
-		st.Add(g.Stats)
-		return err
-	})
+	for {
+		err = p.Retry(ctx, until, func(ctx context.Context) error {
+			var err error
+			g, err = b.allocatePools(ctx, req, model)
+			st.Add(g.Stats)
+			return err
+		})
+		lease, handed := p.Handed()
+		if !handed {
+			break
+		}
+		g = Grant{Model: model}
+		run := poolRun{Broker: b, req: req, pool: req.Pool, model: model, grant: &g}
+		if err != nil {
+			run.giveBack(ctx, lease, "request ended")
+			break
+		}
+		b.live.granted(lease.KeyID, time.Now())
+		ok, cerr := true, error(nil)
+		g.Lease = lease
+		if ok || cerr != nil {
+			err = cerr
+			break
+		}
+		// Given back: the request waits on.
+	}
 	st.Waited = p.Waited()
 	g.Stats = st
 	return g, err
