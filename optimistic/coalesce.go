@@ -49,8 +49,9 @@ type queuedTx struct {
 // do runs body as one MULTI…EXEC on c, followed by then (unless nil) in
 // the same round trip, in a pipeline shared with other callers', and
 // returns EXEC's replies as multi does; settled (unless nil) runs with
-// them, and then's reply (nil if none), first. If ctx ends first, do returns ctx's error at once: the
-// transaction may still run, and settled still runs.
+// them, and then's reply (nil if none), first. If ctx ends first, do
+// returns ctx's error at once: the transaction may still run, and
+// settled still runs.
 //
 // A pipeline is never sent twice (see onceCmd): when the network fails
 // it, every transaction in it fails, whether or not the server ran it.

@@ -31,6 +31,18 @@ import (
 // handed out twice, and, at one per grant, never past the clock part of
 // NextFence), which aborts every grant another allocator decided before.
 //
+// The fence is taken fresh by the clock, as NextFence would: a transfer
+// is refused unless the key's last fence is under fenceFresh old by the
+// store's clock (else the caller takes the slot itself, and its grant
+// sets the fence to the clock again). A HASH made again without a fence
+// (a key deleted and synced, a store that lost it) so hands out nothing
+// below the tokens it gave before, and a fence that a failover lost with
+// its handoff is not handed out again once fenceFresh has passed.
+//
+// The handed lease's record has no fence: only the recheck of a lost
+// EXEC reads one, and a handed lease is never rechecked (a lost reply of
+// a handoff deletes it).
+//
 // A handoff keeps a slot in this process, so a release hands off only
 // while no other process listens for the key's free-slot notices (as
 // last heard from a release: its SPUBLISH, or the PUBSUB SHARDNUMSUB that
@@ -41,22 +53,33 @@ import (
 // grant has), with NoGate, or through a client that routes commands
 // itself.
 
-// storeClock keeps, per server, how far its clock (TIME) is ahead of this
-// host's, as last read: a handoff computes its lease's expiry from it.
-type storeClock struct{ m sync.Map } // *redis.Client → int64 (ms)
+// storeClock keeps, per server, its clock (TIME) as a release last read
+// it, and when, by this host's monotonic clock: a handoff computes its
+// lease's expiry from it, whatever this host's wall clock does.
+type storeClock struct{ m sync.Map } // *redis.Client → storeTime
 
-func (c *storeClock) set(node *redis.Client, storeNow int64) {
-	c.m.Store(node, storeNow-time.Now().UnixMilli())
+type storeTime struct {
+	ms int64 // the server's TIME
+	at time.Time
 }
 
-// now returns node's clock (ms), if its offset was read.
+func (c *storeClock) set(node *redis.Client, storeNow int64) {
+	c.m.Store(node, storeTime{ms: storeNow, at: time.Now()})
+}
+
+// now returns node's clock (ms), if it was read.
 func (c *storeClock) now(node *redis.Client) (int64, bool) {
 	v, ok := c.m.Load(node)
 	if !ok {
 		return 0, false
 	}
-	return time.Now().UnixMilli() + v.(int64), true
+	t := v.(storeTime)
+	return t.ms + time.Since(t.at).Milliseconds(), true
 }
+
+// fenceFresh is how old, by the store's clock, a key's last fence may be
+// for a handoff to take the next one (see above).
+const fenceFresh = time.Second
 
 // handoffTo claims the handoff of a caller waiting on ref's key, if ref's
 // release on node may grant it (see above); nil if not.
@@ -124,9 +147,11 @@ func (s *Store) handOver(ctx context.Context, node *redis.Client, ref LeaseRef, 
 			}
 			stray = gone
 		}
-		// Refused, or of unknown outcome: the lease goes before the
+		// Refused, or of unknown outcome: the lease goes (if that fails
+		// too, it is nobody's and expires after its TTL) before the
 		// caller tries again, so that it does not find its own slot
-		// taken.
+		// taken. The released slot, freed or perhaps freed, also wakes
+		// the next caller in line, in case the caller does not try.
 		go func() {
 			ctx, cancel := context.WithTimeout(context.Background(), unwatchTimeout)
 			defer cancel()
@@ -137,6 +162,10 @@ func (s *Store) handOver(ctx context.Context, node *redis.Client, ref LeaseRef, 
 				// meanwhile only loses them: its next fence is by the
 				// clock (NextFence), and a last use is a ranking hint.
 				_ = s.rdb.HDel(ctx, keyKey, rs.FieldFence, rs.FieldLastUsed).Err()
+			}
+			if n, _ := replyInt(replies, handRemoved); n == 1 || err != nil {
+				s.notes.freed(keyID)
+				s.queue.Wake(keyID)
 			}
 			h.settle(Lease{}, false)
 		}()
@@ -159,10 +188,12 @@ func (s *Store) granted(node *redis.Client, replies []any, h *handoff, keyID, le
 	s.clock.set(node, now)
 	vals, _ := replies[handKey].([]any)
 	k := parseKey(vals)
-	count, _ := replies[handCount].(int64)
-	fence, _ := replies[handFence].(int64)
+	count, _ := replyInt(replies, handCount)
+	fence, _ := replyInt(replies, handFence)
+	ttl, long := h.ttl.Milliseconds(), until-now
+	fresh := k.fence >= (now-fenceFresh.Milliseconds())*1000
 	if !k.member(h.provider, h.pool) || !Usable(k.status, k.cooldown, now) || count > int64(k.limit) ||
-		fence <= 0 || until-now < h.ttl.Milliseconds()/2 {
+		!fresh || fence != k.fence+1 || long < ttl/2 || long > ttl+ttl/2 {
 		return Lease{}, false, !k.exists
 	}
 	return Lease{
@@ -170,6 +201,16 @@ func (s *Store) granted(node *redis.Client, replies []any, h *handoff, keyID, le
 		Until:    fromMillis(until),
 		Fence:    fence,
 	}, true, false
+}
+
+// replyInt reads the integer reply at i of an EXEC's replies, if there is
+// one.
+func replyInt(replies []any, i int) (int64, bool) {
+	if i >= len(replies) {
+		return 0, false
+	}
+	n, ok := replies[i].(int64)
+	return n, ok
 }
 
 // shardNumSub reads a PUBSUB SHARDNUMSUB reply for one channel: its

@@ -238,3 +238,39 @@ func TestNoHandoffWhileAnotherProcessWaits(t *testing.T) {
 	require.Positive(t, half[a], "a was served in the first half")
 	require.Positive(t, half[b], "b was served in the first half")
 }
+
+// A key whose last fence is not fresh by the store's clock (a HASH made
+// again, its fence restarted) is handed nothing: the caller takes the
+// slot itself, with a fence by the clock, above every one given before.
+func TestStaleFenceIsNotHandedOn(t *testing.T) {
+	_, s := waitStores(t, false)
+	ctx := t.Context()
+	held, w := primed(t, s)
+	require.NoError(t, s.rdb.HSet(ctx, s.keys.Key("k"), rs.FieldFence, 1).Err())
+	require.NoError(t, s.Release(ctx, held.LeaseRef))
+	got := w.result(t)
+	require.NoError(t, got.err)
+	require.NotZero(t, got.stats.Attempts, "it took the slot itself")
+	require.Greater(t, got.lease.Fence, held.Fence)
+}
+
+// A refused handoff whose caller does not try (its ctx ended) wakes the
+// next caller in line for the slot the release freed, without waiting for
+// the poll.
+func TestRefusedHandoffWakesTheNext(t *testing.T) {
+	_, s := waitStores(t, false)
+	ctx := t.Context()
+	held, first := primed(t, s)
+	next := startWaiter(t, s, 2)
+	h := s.queue.claim("k", "openai", "default")
+	require.NotNil(t, h)
+	first.cancel()
+	require.Eventually(t, func() bool { return parked(s) == 1 }, 10*time.Second, time.Millisecond)
+	require.NoError(t, s.rdb.HSet(ctx, s.keys.Key("k"), rs.FieldFence, 1).Err())
+	start := time.Now()
+	require.NoError(t, s.handOver(ctx, s.rdb.(*redis.Client), held.LeaseRef, h))
+	require.ErrorIs(t, first.result(t).err, context.Canceled)
+	got := next.result(t)
+	require.NoError(t, got.err)
+	require.Less(t, time.Since(start), WaitPoll/2, "left for the poll")
+}

@@ -178,7 +178,9 @@ func (p *Place) Behind() bool {
 }
 
 // Wait blocks until p is woken (a slot freed on one of its keys), until
-// passes, or ctx ends; only the last is an error, ctx's own.
+// passes, or ctx ends; only the last is an error, ctx's own. After Offer,
+// a release may have handed p a slot meanwhile: Handed has it, and the
+// caller holds it.
 func (p *Place) Wait(ctx context.Context, until time.Time) error {
 	_, err := p.wait(ctx, until)
 	return err
@@ -222,7 +224,9 @@ func (p *Place) wait(ctx context.Context, until time.Time) (woken bool, err erro
 	if !claimed {
 		return woken, err
 	}
-	// Settled within the release's own bound (coalesceTimeout).
+	// Settled within the release's bounds: its pipeline (coalesceTimeout,
+	// after those queued before it) and, if refused, the give-back
+	// (unwatchTimeout).
 	<-h.done
 	if !h.ok {
 		// Not granted: p tries the store itself, as if woken.

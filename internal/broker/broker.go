@@ -479,8 +479,7 @@ func (b *Broker) allocate(ctx context.Context, req Request, model string) (Grant
 			break
 		}
 		b.live.granted(lease.KeyID, time.Now())
-		ok, cerr := true, error(nil)
-		g.Lease = lease
+		ok, cerr := run.confirm(ctx, lease)
 		if ok || cerr != nil {
 			err = cerr
 			break
