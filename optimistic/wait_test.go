@@ -191,41 +191,55 @@ func TestWaitingNeverOversells(t *testing.T) {
 				most    int
 				fences  = map[int64]int{}
 			)
-			errs := make(chan error, 16)
-			var wg sync.WaitGroup
-			for i := range 16 {
-				s := stores[i%len(stores)]
-				wg.Go(func() {
-					for range 10 {
-						l, _, err := s.Allocate(ctx, waitReq(30*time.Second))
-						if err != nil {
-							errs <- err
-							return
-						}
-						mu.Lock()
-						holders++
-						most = max(most, holders)
-						fences[l.Fence]++
-						mu.Unlock()
-						time.Sleep(time.Millisecond)
-						mu.Lock()
-						holders--
-						mu.Unlock()
-						if err := s.Release(ctx, l.LeaseRef); err != nil {
-							errs <- err
-							return
-						}
-					}
-				})
-			}
-			wg.Wait()
-			close(errs)
-			for err := range errs {
-				require.NoError(t, err)
-			}
+			cycle(t, stores, 16, 10, func(_ *Store, l Lease) func() {
+				mu.Lock()
+				defer mu.Unlock()
+				holders++
+				most = max(most, holders)
+				fences[l.Fence]++
+				return func() {
+					mu.Lock()
+					defer mu.Unlock()
+					holders--
+				}
+			})
 			require.LessOrEqual(t, most, 2)
 			require.Len(t, fences, 16*10, "a fence handed out twice")
 		})
+	}
+}
+
+// cycle runs callers spread over stores, each allocating k (waiting),
+// holding it a millisecond and releasing it, rounds times. got runs at
+// each grant, and what it returns when the hold ends.
+func cycle(t *testing.T, stores []*Store, callers, rounds int, got func(s *Store, l Lease) (held func())) {
+	t.Helper()
+	ctx := t.Context()
+	errs := make(chan error, callers)
+	var wg sync.WaitGroup
+	for i := range callers {
+		s := stores[i%len(stores)]
+		wg.Go(func() {
+			for range rounds {
+				l, _, err := s.Allocate(ctx, waitReq(30*time.Second))
+				if err != nil {
+					errs <- err
+					return
+				}
+				held := got(s, l)
+				time.Sleep(time.Millisecond)
+				held()
+				if err := s.Release(ctx, l.LeaseRef); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
 	}
 }
 

@@ -1,15 +1,12 @@
 package test
 
 import (
-	"context"
 	"net/http"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
-
-	"github.com/credpool/credpool/optimistic"
 )
 
 // An allocate with wait_ms waits for the slot a release frees instead of
@@ -72,15 +69,9 @@ func TestHTTPWaitingRequestHandedASlot(t *testing.T) {
 			)
 			s = startService(t, serviceOptions{beforeGet: func(id string) {
 				// Runs on the server's goroutine: it reports, not fails.
-				if !armed.CompareAndSwap(true, false) {
-					return
+				if armed.CompareAndSwap(true, false) {
+					hookErr <- s.disable(id)
 				}
-				k, err := s.cat.Get(context.Background(), id)
-				if err == nil {
-					k.Status = optimistic.StatusDisabled
-					_, err = s.cat.Put(context.Background(), k)
-				}
-				hookErr <- err
 			}})
 			s.putKey(t, "k1", "default", 1, nil)
 			code, _, held := s.internal(t, "allocate-key", allocBody("default"))
