@@ -281,6 +281,7 @@ func (a *allocation) try(ctx context.Context, c *conns, keyID string, wait bool)
 	}
 	if v.granted {
 		a.grant(keyID, v.until, v.fence)
+		a.fences.saw(keyID, v.fence+int64(len(v.batch)))
 		a.stats.Pruned += v.pruned
 		a.notes.won(keyID)
 	}

@@ -31,13 +31,18 @@ import (
 // handed out twice, and, at one per grant, never past the clock part of
 // NextFence), which aborts every grant another allocator decided before.
 //
-// The fence is taken fresh by the clock, as NextFence would: a transfer
-// is refused unless the key's last fence is under fenceFresh old by the
-// store's clock (else the caller takes the slot itself, and its grant
-// sets the fence to the clock again). A HASH made again without a fence
-// (a key deleted and synced, a store that lost it) so hands out nothing
-// below the tokens it gave before, and a fence that a failover lost with
-// its handoff is not handed out again once fenceFresh has passed.
+// The fence must be fresh by the clock, as NextFence would take it: a
+// transfer is refused unless the key's last fence is under fenceFresh
+// old by the store's clock. A HASH made again without a fence (a key
+// deleted and synced, a store that lost it) so hands out nothing below
+// the tokens it gave before, and a fence that a failover lost with its
+// handoff is not handed out again once fenceFresh has passed. Since a
+// handoff only adds one to the fence, a release hands off only while
+// the last fence this process saw on the key is fresh too (see fences);
+// else it frees the slot, and the woken caller's grant sets the fence by
+// the clock again. On a key whose slots are held for longer than that,
+// releases simply free their slots: a handoff saves a fraction of a
+// millisecond, which only short holds notice.
 //
 // The handed lease's record has no fence: only the recheck of a lost
 // EXEC reads one, and a handed lease is never rechecked (a lost reply of
@@ -78,8 +83,21 @@ func (c *storeClock) now(node *redis.Client) (int64, bool) {
 }
 
 // fenceFresh is how old, by the store's clock, a key's last fence may be
-// for a handoff to take the next one (see above).
+// for a handoff to take the next one (see above): Store.fenceFresh.
 const fenceFresh = time.Second
+
+// fences keeps the last fence this process saw granted on each key (by
+// its grants and handoffs). It is safe for concurrent use.
+type fences struct{ m sync.Map } // key id → int64
+
+func (f *fences) saw(keyID string, fence int64) { f.m.Store(keyID, fence) }
+
+// fresh reports whether keyID's last fence seen is under fresh old at
+// now (the store's clock, ms).
+func (f *fences) fresh(keyID string, now int64, fresh time.Duration) bool {
+	v, ok := f.m.Load(keyID)
+	return ok && v.(int64) >= (now-fresh.Milliseconds())*1000
+}
 
 // handoffTo claims the handoff of a caller waiting on ref's key, if ref's
 // release on node may grant it (see above); nil if not.
@@ -87,7 +105,7 @@ func (s *Store) handoffTo(node *redis.Client, ref LeaseRef) *handoff {
 	if s.opts.NoGate || s.opts.MinReplicas > 0 || !s.notices.alone(ref.KeyID) {
 		return nil
 	}
-	if _, ok := s.clock.now(node); !ok {
+	if now, ok := s.clock.now(node); !ok || !s.fences.fresh(ref.KeyID, now, s.fenceFresh) {
 		return nil
 	}
 	return s.queue.claim(ref.KeyID, ref.Provider, ref.Pool)
@@ -135,13 +153,16 @@ func (s *Store) handOver(ctx context.Context, node *redis.Client, ref LeaseRef, 
 	}
 	numsub := cmd{"pubsub", "shardnumsub", s.keys.Free(keyID)}
 	settled := func(replies []any, then any, err error) {
-		var stray bool
+		var (
+			stray     bool
+			listeners int64
+		)
 		if err == nil {
-			if n, ok := shardNumSub(then); ok {
-				s.notices.heard(keyID, n)
-			}
+			listeners, _ = shardNumSub(then)
+			s.notices.heard(keyID, listeners)
 			lease, ok, gone := s.granted(node, replies, h, keyID, leaseID, until)
 			if ok {
+				s.fences.saw(keyID, lease.Fence)
 				h.settle(lease, true)
 				return
 			}
@@ -150,8 +171,10 @@ func (s *Store) handOver(ctx context.Context, node *redis.Client, ref LeaseRef, 
 		// Refused, or of unknown outcome: the lease goes (if that fails
 		// too, it is nobody's and expires after its TTL) before the
 		// caller tries again, so that it does not find its own slot
-		// taken. The released slot, freed or perhaps freed, also wakes
-		// the next caller in line, in case the caller does not try.
+		// taken. The released slot, freed or perhaps freed, is then
+		// announced as a release's would be: a wake-up here, which the
+		// caller takes, or hands on if it leaves without trying, and a
+		// notice if another process listens now.
 		go func() {
 			ctx, cancel := context.WithTimeout(context.Background(), unwatchTimeout)
 			defer cancel()
@@ -163,11 +186,14 @@ func (s *Store) handOver(ctx context.Context, node *redis.Client, ref LeaseRef, 
 				// clock (NextFence), and a last use is a ranking hint.
 				_ = s.rdb.HDel(ctx, keyKey, rs.FieldFence, rs.FieldLastUsed).Err()
 			}
+			h.settle(Lease{}, false)
 			if n, _ := replyInt(replies, handRemoved); n == 1 || err != nil {
 				s.notes.freed(keyID)
 				s.queue.Wake(keyID)
+				if listeners > 1 {
+					_ = node.Do(ctx, s.notice(keyID, false)...).Err()
+				}
 			}
-			h.settle(Lease{}, false)
 		}()
 	}
 	replies, err := s.releases.do(ctx, node, body, numsub, settled)
@@ -191,9 +217,9 @@ func (s *Store) granted(node *redis.Client, replies []any, h *handoff, keyID, le
 	count, _ := replyInt(replies, handCount)
 	fence, _ := replyInt(replies, handFence)
 	ttl, long := h.ttl.Milliseconds(), until-now
-	fresh := k.fence >= (now-fenceFresh.Milliseconds())*1000
+	fresh := k.fence >= (now-s.fenceFresh.Milliseconds())*1000
 	if !k.member(h.provider, h.pool) || !Usable(k.status, k.cooldown, now) || count > int64(k.limit) ||
-		!fresh || fence != k.fence+1 || long < ttl/2 || long > ttl+ttl/2 {
+		!fresh || fence <= 0 || long < ttl/2 || long > ttl+ttl/2 {
 		return Lease{}, false, !k.exists
 	}
 	return Lease{

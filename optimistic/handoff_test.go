@@ -2,6 +2,7 @@ package optimistic
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -46,9 +47,11 @@ func (w waiter) result(t *testing.T) allocated {
 // primed returns a lease of k held in s, which takes k's last free slot,
 // and a caller of s waiting for k, with s ready to hand the slot over: a
 // first release, whose waiter took the slot itself, heard that s alone
-// listens for k.
+// listens for k. Fences stay fresh for a minute, so that a slow machine
+// does not turn the handoff down.
 func primed(t *testing.T, s *Store) (Lease, waiter) {
 	t.Helper()
+	s.fenceFresh = time.Minute
 	held, _, err := s.Allocate(t.Context(), waitReq(0))
 	require.NoError(t, err)
 	_, _, err = s.Allocate(t.Context(), waitReq(0))
@@ -195,26 +198,33 @@ func TestLostReplyOfAHandoff(t *testing.T) {
 func TestNoHandoffWhileAnotherProcessWaits(t *testing.T) {
 	a, b := waitStores(t, false)
 	ctx := t.Context()
+	a.fenceFresh = time.Minute
 	// A first release: a knows the store's clock.
 	l, _, err := a.Allocate(ctx, waitReq(0))
 	require.NoError(t, err)
 	require.NoError(t, a.Release(ctx, l.LeaseRef))
 	held, _, err := a.Allocate(ctx, waitReq(0))
 	require.NoError(t, err)
-	waiters := map[*Store]waiter{b: startWaiter(t, b, 1), a: startWaiter(t, a, 1)}
+	waiters := []struct {
+		s *Store
+		w waiter
+	}{{b, startWaiter(t, b, 1)}, {a, startWaiter(t, a, 1)}, {a, startWaiter(t, a, 2)}}
 	require.NoError(t, a.Release(ctx, held.LeaseRef))
-	// Whichever process took the slot gives it back, and the other's
-	// caller gets it.
-	served := 0
-	for served < 2 {
-		for s, w := range waiters {
+	// That release heard two listeners; a, with a caller still waiting,
+	// hands over none of the slots to come.
+	require.False(t, a.notices.alone("k"))
+	deadline := time.After(10 * time.Second)
+	for served := 0; served < len(waiters); {
+		for _, c := range waiters {
 			select {
-			case got := <-w.done:
+			case got := <-c.w.done:
 				require.NoError(t, got.err)
 				require.NotZero(t, got.stats.Attempts, "taken, not handed over")
-				require.NoError(t, s.Release(ctx, got.lease.LeaseRef))
+				require.NoError(t, c.s.Release(ctx, got.lease.LeaseRef))
 				served++
-			case <-time.After(time.Millisecond):
+			case <-deadline:
+				t.Fatal("a waiting caller was not served")
+			default:
 			}
 		}
 	}
@@ -222,18 +232,70 @@ func TestNoHandoffWhileAnotherProcessWaits(t *testing.T) {
 }
 
 // A key whose last fence is not fresh by the store's clock (a HASH made
-// again, its fence restarted) is handed nothing: the caller takes the
-// slot itself, with a fence by the clock, above every one given before.
+// again, its fence restarted, or no grant but handoffs for a while) is
+// handed nothing: the caller takes the slot itself, with a fence by the
+// clock, above every one given before. One that is fresh is handed on.
 func TestStaleFenceIsNotHandedOn(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		age    time.Duration
+		handed bool
+		// here: only this process's last fence seen is that old, so it
+		// does not even try.
+		here bool
+	}{
+		{"restarted", -1, false, false},
+		{"stale", 20 * time.Second, false, false},
+		{"fresh", 5 * time.Second, true, false},
+		{"stale as seen here", 20 * time.Second, false, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, s := waitStores(t, false)
+			ctx := t.Context()
+			held, w := primed(t, s)
+			s.fenceFresh = 10 * time.Second
+			fence := int64(1)
+			if c.age > 0 {
+				fence = s.rdb.Time(ctx).Val().Add(-c.age).UnixMicro()
+			}
+			if c.here {
+				s.fences.saw("k", fence)
+			} else {
+				require.NoError(t, s.rdb.HSet(ctx, s.keys.Key("k"), rs.FieldFence, fence).Err())
+			}
+			require.NoError(t, s.Release(ctx, held.LeaseRef))
+			tried := strings.Contains(s.rdb.Info(ctx, "commandstats").Val(), "cmdstat_pubsub|shardnumsub")
+			require.Equal(t, !c.here, tried, "a handoff was tried")
+			got := w.result(t)
+			require.NoError(t, got.err)
+			if c.handed {
+				require.Zero(t, got.stats.Attempts, "handed over")
+				require.Equal(t, fence+1, got.lease.Fence)
+				return
+			}
+			require.NotZero(t, got.stats.Attempts, "it took the slot itself")
+			require.Greater(t, got.lease.Fence, held.Fence)
+		})
+	}
+}
+
+// A handoff whose lease would not last about its TTL by the server's
+// clock (this host's idea of that clock is off) is refused.
+func TestHandoffOffTheClockIsRefused(t *testing.T) {
 	_, s := waitStores(t, false)
 	ctx := t.Context()
 	held, w := primed(t, s)
-	require.NoError(t, s.rdb.HSet(ctx, s.keys.Key("k"), rs.FieldFence, 1).Err())
+	node := s.rdb.(*redis.Client)
+	now, ok := s.clock.now(node)
+	require.True(t, ok)
+	s.clock.m.Store(node, storeTime{ms: now - time.Minute.Milliseconds(), at: time.Now()})
 	require.NoError(t, s.Release(ctx, held.LeaseRef))
 	got := w.result(t)
 	require.NoError(t, got.err)
 	require.NotZero(t, got.stats.Attempts, "it took the slot itself")
-	require.Greater(t, got.lease.Fence, held.Fence)
+	until, err := s.Holds(ctx, got.lease.LeaseRef)
+	require.NoError(t, err)
+	require.WithinDuration(t, time.Now().Add(time.Minute), until, 10*time.Second)
 }
 
 // A refused handoff whose caller does not try (its ctx ended) wakes the
@@ -243,13 +305,14 @@ func TestRefusedHandoffWakesTheNext(t *testing.T) {
 	_, s := waitStores(t, false)
 	ctx := t.Context()
 	held, first := primed(t, s)
+	// Polling, next would ask again no sooner than WaitPoll/2 after this.
+	start := time.Now()
 	next := startWaiter(t, s, 2)
 	h := s.queue.claim("k", "openai", "default")
 	require.NotNil(t, h)
 	first.cancel()
 	require.Eventually(t, func() bool { return parked(s) == 1 }, 10*time.Second, time.Millisecond)
 	require.NoError(t, s.rdb.HSet(ctx, s.keys.Key("k"), rs.FieldFence, 1).Err())
-	start := time.Now()
 	require.NoError(t, s.handOver(ctx, s.rdb.(*redis.Client), held.LeaseRef, h))
 	require.ErrorIs(t, first.result(t).err, context.Canceled)
 	got := next.result(t)

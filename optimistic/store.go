@@ -137,8 +137,13 @@ type Store struct {
 	notes notes
 	// releases sends concurrent releases to a server together.
 	releases coalescer
-	// clock is each server's clock as releases read it (see handoff).
-	clock storeClock
+	// clock is each server's clock as releases read it, and fences the
+	// last fence granted on each key, as this process saw them (see
+	// handoff).
+	clock  storeClock
+	fences fences
+	// fenceFresh is fenceFresh; tests that are not about it lengthen it.
+	fenceFresh time.Duration
 }
 
 // New returns a Store over rdb: a standalone, Sentinel (failover) or Cluster
@@ -153,7 +158,7 @@ func New(rdb redis.UniversalClient, opts *Options) (*Store, error) {
 	}
 	_, cluster := rdb.(*redis.ClusterClient)
 	return &Store{
-		rdb: rdb, opts: o, keys: rs.Schema{Prefix: o.Prefix}, cluster: cluster, id: uuid.NewString(),
+		rdb: rdb, opts: o, keys: rs.Schema{Prefix: o.Prefix}, cluster: cluster, id: uuid.NewString(), fenceFresh: fenceFresh,
 		policy: retry.Policy{MaxRetries: o.MaxRetries, MinBackoff: o.MinBackoff, MaxBackoff: o.MaxBackoff, MaxElapsed: o.MaxElapsed},
 	}, nil
 }

@@ -1,11 +1,15 @@
 package test
 
 import (
+	"context"
 	"net/http"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 )
 
@@ -64,15 +68,21 @@ func TestHTTPWaitingRequestHandedASlot(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			var (
 				s       *service
+				rdb     redis.UniversalClient
 				armed   atomic.Bool
 				hookErr = make(chan error, 1)
+				// watches is how many WATCHes the server had run when the
+				// broker confirmed the grant the hook disabled.
+				watches atomic.Int64
 			)
 			s = startService(t, serviceOptions{beforeGet: func(id string) {
 				// Runs on the server's goroutine: it reports, not fails.
 				if armed.CompareAndSwap(true, false) {
+					watches.Store(watchCalls(rdb))
 					hookErr <- s.disable(id)
 				}
 			}})
+			rdb = s.redis.Client(t)
 			s.putKey(t, "k1", "default", 1, nil)
 			code, _, held := s.internal(t, "allocate-key", allocBody("default"))
 			require.Equal(t, http.StatusOK, code)
@@ -102,14 +112,16 @@ func TestHTTPWaitingRequestHandedASlot(t *testing.T) {
 			require.Eventually(t, waiting(1), 10*time.Second, 5*time.Millisecond)
 
 			armed.Store(disable)
+			before := watchCalls(rdb)
 			code, _, _ = s.internal(t, "release", leaseBody(a.body))
 			require.Equal(t, http.StatusOK, code)
 			b := <-second
 			require.NoError(t, b.err)
-			stats := s.redis.Client(t).Info(t.Context(), "commandstats").Val()
-			require.Contains(t, stats, "cmdstat_pubsub|shardnumsub", "the slot was handed over")
+			// Handed over: no grant of its own read the key under WATCH.
+			after := watchCalls(rdb)
 			_, key := s.admin(t, http.MethodGet, "keys/k1", nil)
 			if !disable {
+				require.Equal(t, before, after, "the slot was handed over")
 				require.Equal(t, http.StatusOK, b.code, "%v", b.body)
 				require.Equal(t, "k1", b.body["key_id"])
 				require.Equal(t, "sk-secret-k1", b.body["credential"].(map[string]any)["api_key"])
@@ -118,8 +130,17 @@ func TestHTTPWaitingRequestHandedASlot(t *testing.T) {
 			}
 			require.NotEqual(t, http.StatusOK, b.code, "%v", b.body)
 			require.NoError(t, <-hookErr)
+			require.Equal(t, before, watches.Load(), "the slot was handed over")
 			require.EqualValues(t, 0, key["live_leases"], "the handed slot was given back")
 			require.Contains(t, s.logs.String(), `"reason":"status disabled"`)
 		})
 	}
+}
+
+// watchCalls is how many WATCH commands the server behind rdb has run.
+func watchCalls(rdb redis.UniversalClient) int64 {
+	stats := rdb.Info(context.Background(), "commandstats").Val()
+	_, rest, _ := strings.Cut(stats, "cmdstat_watch:calls=")
+	n, _ := strconv.ParseInt(strings.SplitN(rest, ",", 2)[0], 10, 64)
+	return n
 }
