@@ -92,11 +92,17 @@ type fences struct{ m sync.Map } // key id → int64
 
 func (f *fences) saw(keyID string, fence int64) { f.m.Store(keyID, fence) }
 
-// fresh reports whether keyID's last fence seen is under fresh old at
-// now (the store's clock, ms).
+// fresh reports whether keyID's last fence seen is fresh at now (the
+// store's clock, ms; see freshFence).
 func (f *fences) fresh(keyID string, now int64, fresh time.Duration) bool {
 	v, ok := f.m.Load(keyID)
-	return ok && v.(int64) >= (now-fresh.Milliseconds())*1000
+	return ok && freshFence(v.(int64), now, fresh)
+}
+
+// freshFence reports whether fence, a clock in microseconds (NextFence)
+// plus the handoffs since, is under fresh old at now (ms).
+func freshFence(fence, now int64, fresh time.Duration) bool {
+	return fence >= (now-fresh.Milliseconds())*1000
 }
 
 // handoffTo claims the handoff of a caller waiting on ref's key, if ref's
@@ -217,9 +223,8 @@ func (s *Store) granted(node *redis.Client, replies []any, h *handoff, keyID, le
 	count, _ := replyInt(replies, handCount)
 	fence, _ := replyInt(replies, handFence)
 	ttl, long := h.ttl.Milliseconds(), until-now
-	fresh := k.fence >= (now-s.fenceFresh.Milliseconds())*1000
 	if !k.member(h.provider, h.pool) || !Usable(k.status, k.cooldown, now) || count > int64(k.limit) ||
-		!fresh || fence <= 0 || long < ttl/2 || long > ttl+ttl/2 {
+		!freshFence(k.fence, now, s.fenceFresh) || fence <= 0 || long < ttl/2 || long > ttl+ttl/2 {
 		return Lease{}, false, !k.exists
 	}
 	return Lease{
