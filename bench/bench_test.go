@@ -223,15 +223,19 @@ func TestWaitingCallers(t *testing.T) {
 		require.True(t, run.Audit.OK(), "%s, %d procs: %+v", run.Strategy, run.Procs, run.Audit)
 		require.Equal(t, "10s", run.Wait)
 		require.Equal(t, 8, run.Fairness.Callers, "%s, %d procs: every process's callers", run.Strategy, run.Procs)
-		require.Zero(t, run.Fairness.Starved, "%s, %d procs: every caller got grants", run.Strategy, run.Procs)
-		require.NotNil(t, run.Fairness.MaxOverMin)
 		require.Zero(t, run.Counts.Errors, run.FirstError)
 		require.NotNil(t, run.HoldExcessMicros, "%s, %d procs: every process's holds are timed", run.Strategy, run.Procs)
 		require.Zero(t, run.Counts.ShortHolds, "%s, %d procs: no hold ends early", run.Strategy, run.Procs)
 		if run.Strategy == "sqlite" {
+			// Its grants cost fsyncs, so how many fit in 500 ms depends on
+			// the disk; that they go round the line in order does not.
+			require.Positive(t, run.Fairness.Max)
+			require.LessOrEqual(t, run.Fairness.Max-run.Fairness.Min, int64(3), "sqlite: %+v: callers are served in turn", run.Fairness)
 			require.Nil(t, run.RequestsPerGrant)
 			continue
 		}
+		require.Zero(t, run.Fairness.Starved, "%s, %d procs: every caller got grants", run.Strategy, run.Procs)
+		require.NotNil(t, run.Fairness.MaxOverMin)
 		require.Positive(t, run.Commands["ssubscribe"], "%d procs: the waiters listen for releases", run.Procs)
 		require.Positive(t, run.Commands["spublish"], "releases notify")
 		require.Greater(t, *run.RequestsPerGrant, *run.RoundTripsPerGrant, "the subscriptions count")

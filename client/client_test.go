@@ -243,9 +243,10 @@ func TestRequestIDs(t *testing.T) {
 // a wait that runs out is ErrPoolExhausted.
 func TestAllocateWaits(t *testing.T) {
 	s := start(t)
-	c, adm := clients(t, s, &client.Options{Timeout: 500 * time.Millisecond})
+	c, _ := clients(t, s, &client.Options{Timeout: roundTrip})
+	holder, adm := clients(t, s, nil)
 	putKey(t, adm, "k", 1)
-	held, err := c.Allocate(t.Context(), request())
+	held, err := holder.Allocate(t.Context(), request())
 	require.NoError(t, err)
 
 	short := request()
@@ -254,7 +255,7 @@ func TestAllocateWaits(t *testing.T) {
 	require.ErrorIs(t, err, client.ErrPoolExhausted)
 
 	long := request()
-	long.Wait = 5 * time.Second
+	long.Wait = 4 * roundTrip
 	done := make(chan error, 1)
 	var got client.Lease
 	go func() {
@@ -263,8 +264,8 @@ func TestAllocateWaits(t *testing.T) {
 		done <- err
 	}()
 	// Longer than the client's Timeout: only the wait keeps the try alive.
-	time.Sleep(time.Second)
-	require.NoError(t, c.Release(t.Context(), held.LeaseRef))
+	time.Sleep(roundTrip + 500*time.Millisecond)
+	require.NoError(t, holder.Release(t.Context(), held.LeaseRef))
 	require.NoError(t, <-done)
 	require.Equal(t, "k", got.KeyID)
 	require.NotEqual(t, held.LeaseID, got.LeaseID)
