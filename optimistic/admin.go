@@ -49,7 +49,7 @@ func (s *Store) SyncKey(ctx context.Context, k KeyState) error {
 		}
 		// A limit raised or a key made usable may free several slots:
 		// every caller waiting on it looks again.
-		p.Do(ctx, s.notice(k.ID, true)...)
+		p.Do(ctx, s.notice(k.ID, noticeAll)...)
 		return nil
 	})
 	if err == nil {
@@ -139,7 +139,7 @@ func (s *Store) dropLeases(ctx context.Context, keyID string, withKey bool) (int
 		// Outside the MULTI, which Redis Cluster would refuse whole while
 		// the key's slot migrates; an admin action can afford the round
 		// trip. Lost, it costs waiters elsewhere a poll.
-		_ = s.rdb.Do(ctx, s.notice(keyID, true)...).Err()
+		_ = s.rdb.Do(ctx, s.notice(keyID, noticeAll)...).Err()
 		s.notes.freed(keyID)
 		s.queue.WakeAll(keyID)
 	}

@@ -44,6 +44,15 @@ func (w waiter) result(t *testing.T) allocated {
 	}
 }
 
+// alone reports whether s listened on k's channel, confirmed, and was
+// the only one to when a release last heard.
+func alone(s *Store) bool {
+	s.notices.mu.Lock()
+	defer s.notices.mu.Unlock()
+	sub := s.notices.subs["k"]
+	return sub != nil && sub.listeners == 1
+}
+
 // primed returns a lease of k held in s, which takes k's last free slot,
 // and a caller of s waiting for k, with s ready to hand the slot over: a
 // first release, whose waiter took the slot itself, heard that s alone
@@ -63,7 +72,7 @@ func primed(t *testing.T, s *Store) (Lease, waiter) {
 	require.NoError(t, got.err)
 	require.NotZero(t, got.stats.Attempts, "the first waiter took the freed slot itself")
 	require.Eventually(t, func() bool { return parked(s) == 1 }, 10*time.Second, time.Millisecond)
-	require.True(t, s.notices.alone("k"))
+	require.True(t, alone(s))
 	return got.lease, second
 }
 
@@ -124,7 +133,7 @@ func TestRefusedHandoffLeavesNothing(t *testing.T) {
 			require.NoError(t, err)
 			held, w := primed(t, s)
 			require.NoError(t, c.change(ctx, rdb, s.keys))
-			require.True(t, s.notices.alone("k"))
+			require.True(t, alone(s))
 
 			_ = s.Release(ctx, held.LeaseRef)
 			require.Contains(t, rdb.Info(ctx, "commandstats").Val(), "cmdstat_pubsub|shardnumsub", "a handoff was tried")
@@ -192,43 +201,124 @@ func TestLostReplyOfAHandoff(t *testing.T) {
 	require.Len(t, srv.Find(t, ":lease:"), 1)
 }
 
-// While another process waits for the key too, releases free the slot
-// and notify instead of handing it over, so that every process's line is
-// served, not this one's first.
-func TestNoHandoffWhileAnotherProcessWaits(t *testing.T) {
+// knows reports whether s heard other waiting for k.
+func knows(s, other *Store) bool {
+	s.notices.mu.Lock()
+	defer s.notices.mu.Unlock()
+	sub := s.notices.subs["k"]
+	if sub == nil {
+		return false
+	}
+	_, ok := sub.others[other.id]
+	return ok
+}
+
+// While callers of two processes wait for the key, each freed slot is one
+// process's turn: its own caller is handed the slot, or the other's caller
+// alone is woken, and takes it. A store that begins to wait learns of
+// those already waiting at once, not at their next announcement, and
+// forgets one that stopped. (turnSlack decides whose turn it is; see
+// TestTurnGoesToTheLongestWaiting.)
+func TestReleasesTakeTurnsAcrossProcesses(t *testing.T) {
 	a, b := waitStores(t, false)
+	c := storeOn(t, redis.NewClient(&redis.Options{Addr: a.rdb.(*redis.Client).Options().Addr}))
 	ctx := t.Context()
 	a.fenceFresh = time.Minute
+	for _, s := range []*Store{a, b, c} {
+		s.announceEvery = time.Hour
+	}
 	// A first release: a knows the store's clock.
 	l, _, err := a.Allocate(ctx, waitReq(0))
 	require.NoError(t, err)
 	require.NoError(t, a.Release(ctx, l.LeaseRef))
 	held, _, err := a.Allocate(ctx, waitReq(0))
 	require.NoError(t, err)
-	waiters := []struct {
-		s *Store
-		w waiter
-	}{{b, startWaiter(t, b, 1)}, {a, startWaiter(t, a, 1)}, {a, startWaiter(t, a, 2)}}
+	bw := startWaiter(t, b, 1)
+	cw := startWaiter(t, c, 1)
+	aw := startWaiter(t, a, 1)
+	require.Eventually(t, func() bool { return knows(a, b) && knows(a, c) && knows(b, a) }, 10*time.Second, time.Millisecond)
+
+	a.turnSlack = time.Hour // a's own turn
 	require.NoError(t, a.Release(ctx, held.LeaseRef))
-	// That release heard two listeners; a, with a caller still waiting,
-	// hands over none of the slots to come.
-	require.False(t, a.notices.alone("k"))
-	deadline := time.After(10 * time.Second)
-	for served := 0; served < len(waiters); {
-		for _, c := range waiters {
-			select {
-			case got := <-c.w.done:
-				require.NoError(t, got.err)
-				require.NotZero(t, got.stats.Attempts, "taken, not handed over")
-				require.NoError(t, c.s.Release(ctx, got.lease.LeaseRef))
-				served++
-			case <-deadline:
-				t.Fatal("a waiting caller was not served")
-			default:
-			}
-		}
+	got := aw.result(t)
+	require.NoError(t, got.err)
+	// Its tries: found full, and again once listening; then handed over.
+	require.Equal(t, 2, got.stats.Attempts, "handed over")
+
+	// a waits anew, and learns of b again.
+	next := startWaiter(t, a, 1)
+	require.Eventually(t, func() bool { return knows(a, b) && knows(a, c) }, 10*time.Second, time.Millisecond)
+	a.turnSlack = -time.Hour // the turn of b, whose caller waited longest
+	require.NoError(t, a.Release(ctx, got.lease.LeaseRef))
+	gotB := bw.result(t)
+	require.NoError(t, gotB.err)
+	require.Equal(t, 3, gotB.stats.Attempts, "taken, once woken")
+	cw.cancel()
+	require.Equal(t, 2, cw.result(t).stats.Attempts, "c's caller was not woken")
+	require.Eventually(t, func() bool { return !knows(a, b) }, 10*time.Second, time.Millisecond, "b's caller left: b no longer waits")
+
+	// b, waiting no more, frees its slot for every listener: a's caller
+	// takes it, woken once, by that notice: the one before was not its.
+	require.NoError(t, b.Release(ctx, gotB.lease.LeaseRef))
+	gotA := next.result(t)
+	require.NoError(t, gotA.err)
+	require.Equal(t, 3, gotA.stats.Attempts, "found full, again once listening, then once woken")
+}
+
+// A freed slot is this process's turn unless another process's
+// longest-waiting caller, as it last said (plus the time since), has
+// waited turnSlack longer than this one's; a store given the turn counts
+// as just served until it says otherwise, and one not heard from for
+// three announcements counts no more.
+func TestTurnGoesToTheLongestWaiting(t *testing.T) {
+	a, _ := waitStores(t, false)
+	a.announceEvery = time.Hour
+	held, _, err := a.Allocate(t.Context(), waitReq(0))
+	require.NoError(t, err)
+	w := startWaiter(t, a, 1)
+	defer w.cancel()
+	other := func(heard, age time.Duration) {
+		a.notices.mu.Lock()
+		defer a.notices.mu.Unlock()
+		sub := a.notices.subs["k"]
+		sub.listeners = 2
+		sub.others = map[string]waiting{"b": {at: time.Now().Add(-heard), age: age}}
 	}
-	require.NotContains(t, a.rdb.Info(ctx, "commandstats").Val(), "cmdstat_pubsub|shardnumsub", "no handoff was tried")
+	other(0, time.Minute)
+	require.Equal(t, "b", a.turn("k"), "b's caller waited far longer")
+	require.Equal(t, a.id, a.turn("k"), "b was just served")
+	other(time.Minute, 0)
+	require.Equal(t, "b", a.turn("k"), "b's caller has waited since it was heard")
+	other(0, 0)
+	require.Equal(t, a.id, a.turn("k"), "a's caller waited longer")
+	a.announceEvery = time.Second
+	other(3*time.Second, time.Minute)
+	require.Empty(t, a.turn("k"), "not heard from for three announcements: none known")
+	require.NoError(t, a.Release(t.Context(), held.LeaseRef))
+}
+
+// A slot freed for this process's callers when none of them waits any
+// more (the last left with the wake-up untaken) is announced to every
+// listening process, not left free until a poll.
+func TestUnusedTurnIsPassedOn(t *testing.T) {
+	a, b := waitStores(t, false)
+	ctx := t.Context()
+	a.announceEvery, b.announceEvery = time.Hour, time.Hour
+	held, _, err := a.Allocate(ctx, waitReq(0))
+	require.NoError(t, err)
+	p, err := b.Await(ctx, []string{"k"})
+	require.NoError(t, err)
+	// Polling, w would ask again no sooner than WaitPoll/2 after this.
+	start := time.Now()
+	w := startWaiter(t, a, 1)
+	require.Eventually(t, func() bool { return knows(a, b) }, 10*time.Second, time.Millisecond)
+	a.turnSlack = -time.Hour // b's turn
+	require.NoError(t, a.Release(ctx, held.LeaseRef))
+	require.Eventually(t, func() bool { return len(p.wake) == 1 }, 10*time.Second, time.Millisecond, "b's caller is woken")
+	p.Leave()
+	got := w.result(t)
+	require.NoError(t, got.err)
+	require.Less(t, time.Since(start), WaitPoll/2, "left for the poll")
 }
 
 // A key whose last fence is not fresh by the store's clock (a HASH made

@@ -109,22 +109,30 @@ func (s *Store) holder(ctx context.Context, rdb redis.UniversalClient, ref Lease
 // wakes the next caller waiting here in line at once (this store's own
 // notice is ignored here), even if the caller's ctx ended meanwhile.
 //
-// A caller of this process waiting for the key may be handed the slot in
-// the same MULTI instead (see handoff).
+// While callers of several processes wait for the key, the slot is freed
+// for one process's callers (Store.turn): the notice names it, and only
+// its next caller wakes. When it is this process's turn, its waiting
+// caller may be handed the slot in the same MULTI instead (see handoff).
 func (s *Store) release(ctx context.Context, rdb redis.UniversalClient, ref LeaseRef) error {
+	to := s.turn(ref.KeyID)
 	plain, ok := rdb.(*redis.Client)
-	if ok {
+	if ok && to == s.id {
 		if h := s.handoffTo(plain, ref); h != nil {
 			return s.handOver(ctx, plain, ref, h)
 		}
 	}
 	leasesKey, m := s.keys.Leases(ref.KeyID), member(ref)
 	body := []cmd{{"time"}, {"zscore", leasesKey, m}, {"zrem", leasesKey, m}, {"del", s.keys.Lease(ref.KeyID, m)}}
-	notice := s.notice(ref.KeyID, false)
+	notice := s.freedFor(ref.KeyID, to)
 	freed := func(replies []any) {
 		if removed, _ := replies[2].(int64); removed == 1 {
 			s.notes.freed(ref.KeyID)
-			s.queue.Wake(ref.KeyID)
+			switch to {
+			case "":
+				s.queue.Wake(ref.KeyID)
+			case s.id:
+				s.wake(ref.KeyID)
+			}
 		}
 	}
 	var (

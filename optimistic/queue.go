@@ -48,8 +48,12 @@ type Place struct {
 	// offer, when set, lets a release in this process hand p its slot
 	// (see handoff). Replaced only by p's goroutine, under q.mu.
 	offer  *handoff
+	joined time.Time
 	handed *Lease // a slot handed to p, once it took it
 	leave  func()
+	// unused, if set, gets the key of a wake-up p leaves untaken that no
+	// other caller here waits for: its slot may be free unnoticed.
+	unused func(keyID string)
 	left   bool
 	waited time.Duration
 }
@@ -86,7 +90,7 @@ func (q *Queue) Join(keyIDs []string) *Place {
 	if q.lines == nil {
 		q.lines = make(map[string][]*Place)
 	}
-	p := &Place{q: q, keys: distinct(keyIDs), wake: make(chan string, 1)}
+	p := &Place{q: q, keys: distinct(keyIDs), wake: make(chan string, 1), joined: time.Now()}
 	for _, id := range p.keys {
 		q.lines[id] = append(q.lines[id], p)
 	}
@@ -97,8 +101,8 @@ func (q *Queue) Join(keyIDs []string) *Place {
 // Wake hands a freed slot on keyID to the earliest caller waiting on it
 // that holds no wake-up yet and is not being handed a slot (see handoff);
 // with none, it does nothing (callers that are trying the store right now
-// see the slot themselves).
-func (q *Queue) Wake(keyID string) {
+// see the slot themselves). It reports whether any caller waits on keyID.
+func (q *Queue) Wake(keyID string) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	for _, p := range q.lines[keyID] {
@@ -108,10 +112,11 @@ func (q *Queue) Wake(keyID string) {
 		}
 		select {
 		case p.wake <- keyID:
-			return
+			return true
 		default:
 		}
 	}
+	return len(q.lines[keyID]) > 0
 }
 
 // claim takes the handoff of the earliest caller waiting on keyID, parked
@@ -142,6 +147,18 @@ func (q *Queue) WakeAll(keyID string) {
 		default:
 		}
 	}
+}
+
+// oldest returns how long the earliest caller waiting on keyID has
+// waited, if one does.
+func (q *Queue) oldest(keyID string) (time.Duration, bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	line := q.lines[keyID]
+	if len(line) == 0 {
+		return 0, false
+	}
+	return time.Since(line[0].joined), true
 }
 
 // Len returns how many callers wait in line.
@@ -285,7 +302,9 @@ func (p *Place) Leave() {
 	q.mu.Unlock()
 	select {
 	case id := <-p.wake:
-		q.Wake(id)
+		if !q.Wake(id) && p.unused != nil {
+			p.unused(id)
+		}
 	default:
 	}
 	if p.leave != nil {

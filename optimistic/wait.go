@@ -2,6 +2,7 @@ package optimistic
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -12,6 +13,16 @@ import (
 )
 
 var _ Waiter = (*Store)(nil)
+
+// announceEvery is how often a store repeats that its callers wait for a
+// key, and how long its longest-waiting caller there has waited
+// (noticeWaits): Store.announceEvery.
+const announceEvery = 100 * time.Millisecond
+
+// turnSlack is how much longer than a process's own longest-waiting
+// caller another process's may have waited before a slot freed in the
+// first goes to the second's callers (see Store.turn): Store.turnSlack.
+const turnSlack = 50 * time.Millisecond
 
 // subscribeTimeout bounds how long Await waits for Redis to confirm a
 // subscription; past it the caller waits anyway, on WaitPoll and FreeAt.
@@ -34,6 +45,7 @@ func (s *Store) Await(ctx context.Context, keyIDs []string) (*Place, error) {
 	ready := s.notices.listen(ctx, s, ids)
 	p := s.queue.Join(ids)
 	p.leave = func() { s.notices.stop(s, ids) }
+	p.unused = s.announceFree
 	t := time.NewTimer(subscribeTimeout)
 	defer t.Stop()
 	for _, r := range ready {
@@ -105,18 +117,62 @@ func AllocateWaiting(ctx context.Context, w Waiter, req AllocateRequest, allocat
 }
 
 // A free-slot notice's payload is the sending store's id, so that its own
-// listener can skip it (the sender wakes its line directly), followed by
-// noticeAll when the event may have freed several slots.
-const noticeAll = " all"
+// listener can skip it (the sender wakes its line directly), then, after a
+// space, what happened: nothing for one freed slot (every listening
+// process wakes its next caller), or one of these, with its argument
+// after a space.
+const (
+	// noticeAll: several slots may have freed (a sync, a clear-out).
+	noticeAll = "all"
+	// noticeTo, with a store's id: one slot freed for that store's
+	// callers; the others' stay asleep (see Store.turn).
+	noticeTo = "to"
+	// noticeHello: the sender's callers began to wait for the key (it
+	// subscribed); every store whose callers wait too answers noticeWaits.
+	// noticeWaits: the sender's callers wait for the key, sent every
+	// Store.announceEvery while they do. Both give how long, in
+	// milliseconds, the longest-waiting of them has waited.
+	noticeHello = "hello"
+	noticeWaits = "waits"
+	// noticeLeft: they no longer wait.
+	noticeLeft = "left"
+)
 
-// notice is keyID's free-slot notice for one freed slot, or for several
-// if all.
-func (s *Store) notice(keyID string, all bool) cmd {
+// notice is keyID's free-slot notice of what (see noticeAll).
+func (s *Store) notice(keyID, what string) cmd {
 	payload := s.id
-	if all {
-		payload += noticeAll
+	if what != "" {
+		payload += " " + what
 	}
 	return cmd{"spublish", s.keys.Free(keyID), payload}
+}
+
+// freedFor is the notice of a slot freed on keyID for to's callers (see
+// notices.turn): for every listening process's if to is "".
+func (s *Store) freedFor(keyID, to string) cmd {
+	if to == "" {
+		return s.notice(keyID, "")
+	}
+	return s.notice(keyID, noticeTo+" "+to)
+}
+
+// wake hands a slot freed on keyID for this process's callers to the
+// next of them; if none waits any more, the slot is announced to every
+// listening process instead of staying free unnoticed.
+func (s *Store) wake(keyID string) {
+	if !s.queue.Wake(keyID) {
+		s.announceFree(keyID)
+	}
+}
+
+// announceFree sends keyID's notice of a slot freed for every listening
+// process's callers, in the background.
+func (s *Store) announceFree(keyID string) {
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), unwatchTimeout)
+		defer cancel()
+		_ = s.rdb.Do(ctx, s.notice(keyID, "")...).Err()
+	}()
 }
 
 // notices is a Store's listening on the free-slot channels of the keys
@@ -128,6 +184,12 @@ type notices struct {
 	// owns the channel's slot.
 	shared *redis.PubSub
 	subs   map[string]*subscription
+	// said holds this store's announcements (noticeHello, noticeWaits,
+	// noticeLeft) not sent yet, in the order made; one goroutine sends
+	// them while there are any (saying), so that a store's "left" of one
+	// subscription never overtakes the "hello" of the next.
+	said   []cmd
+	saying bool
 }
 
 type subscription struct {
@@ -137,6 +199,17 @@ type subscription struct {
 	// listeners is how many connections listened on the channel, this
 	// one included, as a release last heard (0: not heard yet).
 	listeners int64
+	// others are the other stores heard waiting for the key (noticeWaits);
+	// announce repeats this store's own, once confirmed.
+	others   map[string]waiting
+	announce *time.Timer
+}
+
+// waiting is what a store last said of its callers waiting for a key:
+// its longest-waiting one had waited age when this store heard it, at.
+type waiting struct {
+	at  time.Time
+	age time.Duration
 }
 
 // heard records n listeners on keyID's channel, as a release's SPUBLISH
@@ -157,14 +230,71 @@ func (n *notices) heard(keyID string, listeners int64) {
 	}
 }
 
-// alone reports whether this store listened on keyID's channel, confirmed,
-// and was the only one to when a release last heard: no other process
-// waits for the key (see handoff).
-func (n *notices) alone(keyID string) bool {
+// heardOf records store as waiting for keyID, told by what (noticeHello,
+// noticeWaits), or as no longer waiting (noticeLeft). A hello is answered
+// while this store's callers wait for keyID, so that a store that begins
+// to wait learns at once of those already waiting.
+func (n *notices) heardOf(s *Store, keyID, store, what, age string) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	sub := n.subs[keyID]
-	return sub != nil && sub.listeners == 1
+	switch {
+	case sub == nil:
+	case what == noticeLeft:
+		delete(sub.others, store)
+	default:
+		if sub.others == nil {
+			sub.others = make(map[string]waiting)
+		}
+		ms, _ := strconv.ParseInt(age, 10, 64)
+		sub.others[store] = waiting{at: time.Now(), age: time.Duration(ms) * time.Millisecond}
+		if what == noticeHello && sub.announce != nil {
+			n.say(s, keyID, noticeWaits)
+		}
+	}
+}
+
+// announce says again that this store's callers wait for keyID, every
+// announceEvery while sub is keyID's subscription.
+func (n *notices) announce(s *Store, keyID string, sub *subscription) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.subs[keyID] == sub {
+		n.say(s, keyID, noticeWaits)
+		sub.announce.Reset(s.announceEvery)
+	}
+}
+
+// say queues this store's announcement what on keyID's channel, to be
+// sent after those queued before it. n.mu must be held.
+func (n *notices) say(s *Store, keyID, what string) {
+	if what != noticeLeft {
+		age, _ := s.queue.oldest(keyID)
+		what += " " + strconv.FormatInt(age.Milliseconds(), 10)
+	}
+	n.said = append(n.said, s.notice(keyID, what))
+	if !n.saying {
+		n.saying = true
+		go n.send(s)
+	}
+}
+
+// send sends the queued announcements in order until none is left.
+func (n *notices) send(s *Store) {
+	for {
+		n.mu.Lock()
+		if len(n.said) == 0 {
+			n.saying = false
+			n.mu.Unlock()
+			return
+		}
+		c := n.said[0]
+		n.said = n.said[1:]
+		n.mu.Unlock()
+		ctx, cancel := context.WithTimeout(context.Background(), unwatchTimeout)
+		_ = s.rdb.Do(ctx, c...).Err()
+		cancel()
+	}
 }
 
 // listen subscribes to the channels of ids not yet listened to and
@@ -237,6 +367,10 @@ func (n *notices) stop(s *Store, ids []string) {
 			continue
 		}
 		delete(n.subs, id)
+		if sub.announce != nil {
+			sub.announce.Stop()
+			n.say(s, id, noticeLeft)
+		}
 		if sub.ps != n.shared {
 			_ = sub.ps.Close()
 		} else {
@@ -258,34 +392,45 @@ func (n *notices) stop(s *Store, ids []string) {
 	_ = n.shared.SUnsubscribe(ctx, chans...)
 }
 
-// read wakes s's line on each notice ps receives from another store, and
-// marks ps's subscriptions confirmed, until ps is closed.
+// read acts on each notice ps receives from another store (see
+// noticeAll), and marks ps's subscriptions confirmed, until ps is closed.
 func (n *notices) read(s *Store, ps *redis.PubSub) {
 	for m := range ps.ChannelWithSubscriptions() {
 		switch m := m.(type) {
 		case *redis.Message:
-			from, all := strings.CutSuffix(m.Payload, noticeAll)
 			id, ok := rs.FreeKeyID(m.Channel)
-			switch {
-			case !ok || from == s.id:
-			case all:
+			from, what, _ := strings.Cut(m.Payload, " ")
+			if !ok || from == s.id {
+				continue
+			}
+			what, arg, _ := strings.Cut(what, " ")
+			switch what {
+			case noticeHello, noticeWaits, noticeLeft:
+				n.heardOf(s, id, from, what, arg)
+			case noticeAll:
 				s.notes.freed(id)
 				s.queue.WakeAll(id)
+			case noticeTo:
+				s.notes.freed(id)
+				if arg == s.id {
+					s.wake(id)
+				}
 			default:
 				s.notes.freed(id)
 				s.queue.Wake(id)
 			}
 		case *redis.Subscription:
 			if id, ok := rs.FreeKeyID(m.Channel); ok && m.Kind == "ssubscribe" {
-				n.confirm(id, ps)
+				n.confirm(s, id, ps)
 			}
 		}
 	}
 }
 
-// confirm marks id's subscription on ps confirmed; one on another
-// connection (made again since) waits for its own confirmation.
-func (n *notices) confirm(id string, ps *redis.PubSub) {
+// confirm marks id's subscription on ps confirmed and starts announcing
+// it; one on another connection (made again since) waits for its own
+// confirmation.
+func (n *notices) confirm(s *Store, id string, ps *redis.PubSub) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if sub := n.subs[id]; sub != nil && sub.ps == ps {
@@ -293,6 +438,8 @@ func (n *notices) confirm(id string, ps *redis.PubSub) {
 		case <-sub.ready:
 		default:
 			close(sub.ready)
+			n.say(s, id, noticeHello)
+			sub.announce = time.AfterFunc(s.announceEvery, func() { n.announce(s, id, sub) })
 		}
 	}
 }
