@@ -98,9 +98,14 @@
 // bound what a lost notice costs. Waiter is the contract for stores that
 // can wait.
 //
-// While no other process waits for a key, a release in this process hands
-// its slot to the first caller waiting here in the release's own MULTI
-// (one round trip for a release and a grant; the slot is never free in
-// between), checked by what that MULTI reads back: see Store.Release.
-// Callers that do not wait find such a key full until its line is empty.
+// A release in this process hands its slot to the first caller waiting
+// here in the release's own MULTI (one round trip for a release and a
+// grant; the slot is never free in between), checked by what that MULTI
+// reads back: see Store.Release. While callers of other processes wait
+// for the key too, the processes take turns: stores that wait say so on
+// the key's channel, with how long their first caller has waited, and a
+// release keeps the slot for its own line unless another's has waited
+// turnSlack longer; then the notice names that store, and only its first
+// caller wakes (Store.turn). Callers that do not wait find such a key
+// full until the lines are empty.
 package optimistic

@@ -49,13 +49,13 @@ import (
 // a handoff deletes it).
 //
 // A handoff keeps a slot in this process, so a release hands off only
-// when the slot is this process's turn (notices.turn): always while no
+// when the slot is this process's turn (Store.turn): always while no
 // other process listens for the key's free-slot notices (as last heard
 // from a release: its SPUBLISH, or the PUBSUB SHARDNUMSUB that follows a
-// handoff), else as often as each other process heard waiting gets a
-// freed slot for its own callers. Callers that do not wait, here or
-// anywhere, find the key full while callers wait for it: waiting callers
-// go first. No handoff is made
+// handoff), else unless another process's callers have waited longer by
+// turnSlack. Callers that do not wait, here or anywhere, find the key
+// full while callers wait for it: waiting callers go first. No handoff
+// is made
 // with Options.MinReplicas (the transfer would need the acknowledgement a
 // grant has), with NoGate, or through a client that routes commands
 // itself.
@@ -105,54 +105,6 @@ func (f *fences) fresh(keyID string, now int64, fresh time.Duration) bool {
 // plus the handoffs since, is under fresh old at now (ms).
 func freshFence(fence, now int64, fresh time.Duration) bool {
 	return fence >= (now-fresh.Milliseconds())*1000
-}
-
-// turn says whose callers a slot freed on keyID goes to: "" for every
-// listening process's (each wakes its next caller, and they race for it),
-// else one store's id, this one's included. A store that listens alone
-// (as last heard) keeps every slot. While other stores are heard waiting
-// (noticeWaits within three announceEvery), it keeps the slot unless the
-// longest-waiting caller of one of them has waited turnSlack longer than
-// its own (or it has none); then the slot goes to that store's callers.
-// So a slot stays in a process, its handoffs taking one round trip each,
-// as long as no other process's line is further behind than turnSlack
-// (and the announcements' lag), and no line falls further behind. With
-// no other store heard yet, "".
-func (s *Store) turn(keyID string) string {
-	n := &s.notices
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	sub := n.subs[keyID]
-	switch {
-	case sub == nil:
-		return ""
-	case sub.listeners == 1:
-		return s.id
-	}
-	var (
-		oldest string
-		age    time.Duration
-	)
-	for id, w := range sub.others {
-		since := time.Since(w.at)
-		if since >= 3*s.announceEvery {
-			delete(sub.others, id)
-			continue
-		}
-		if a := w.age + since; oldest == "" || a > age {
-			oldest, age = id, a
-		}
-	}
-	if oldest == "" {
-		return ""
-	}
-	if own, ok := s.queue.oldest(keyID); ok && age < own+s.turnSlack {
-		return s.id
-	}
-	// That store's longest-waiting caller is served now: until it says
-	// how long its next one has waited, that one counts as just come.
-	sub.others[oldest] = waiting{at: time.Now()}
-	return oldest
 }
 
 // handoffTo claims the handoff of a caller waiting on ref's key, if ref's

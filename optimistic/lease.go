@@ -28,8 +28,8 @@ import (
 // not have been released.
 //
 // While callers of this process wait for the key (Allocate with Wait) and
-// no other process does, the same MULTI hands the slot to the first of
-// them, with a lease of its own: the slot is never free for anyone else
+// the slot is this process's turn (see Store.turn), the same MULTI hands
+// the slot to the first of them, with a lease of its own: the slot is never free for anyone else
 // in between, and the caller reads and commits nothing. The MULTI reads
 // back what it changed, and the caller gets the lease only if the key
 // still serves its provider and pool, is usable and within its limit;
@@ -107,14 +107,15 @@ func (s *Store) holder(ctx context.Context, rdb redis.UniversalClient, ref Lease
 // On a plain client (a server, a cluster's master) the round trip is
 // shared with other callers' releases (see coalescer). A slot it freed
 // wakes the next caller waiting here in line at once (this store's own
-// notice is ignored here), even if the caller's ctx ended meanwhile.
+// notice is ignored here), even if the caller's ctx ended meanwhile,
+// when the slot is this process's turn.
 //
 // While callers of several processes wait for the key, the slot is freed
 // for one process's callers (Store.turn): the notice names it, and only
 // its next caller wakes. When it is this process's turn, its waiting
 // caller may be handed the slot in the same MULTI instead (see handoff).
 func (s *Store) release(ctx context.Context, rdb redis.UniversalClient, ref LeaseRef) error {
-	to := s.turn(ref.KeyID)
+	to, expect := s.turn(ref.KeyID)
 	plain, ok := rdb.(*redis.Client)
 	if ok && to == s.id {
 		if h := s.handoffTo(plain, ref); h != nil {
@@ -124,15 +125,22 @@ func (s *Store) release(ctx context.Context, rdb redis.UniversalClient, ref Leas
 	leasesKey, m := s.keys.Leases(ref.KeyID), member(ref)
 	body := []cmd{{"time"}, {"zscore", leasesKey, m}, {"zrem", leasesKey, m}, {"del", s.keys.Lease(ref.KeyID, m)}}
 	notice := s.freedFor(ref.KeyID, to)
-	freed := func(replies []any) {
-		if removed, _ := replies[2].(int64); removed == 1 {
-			s.notes.freed(ref.KeyID)
-			switch to {
-			case "":
-				s.queue.Wake(ref.KeyID)
-			case s.id:
-				s.wake(ref.KeyID)
-			}
+	// freed wakes whom the slot is for, if the release freed it; the
+	// notice's reply (how many listened) says whether the store named
+	// may have stopped listening before it heard: then every listener
+	// is told.
+	freed := func(replies []any, listeners int64, heard bool) {
+		if removed, _ := replies[2].(int64); removed != 1 {
+			return
+		}
+		s.notes.freed(ref.KeyID)
+		switch {
+		case to == "":
+			s.queue.Wake(ref.KeyID)
+		case to == s.id:
+			s.wake(ref.KeyID)
+		case heard && listeners < expect:
+			s.announceFree(ref.KeyID)
 		}
 	}
 	var (
@@ -147,16 +155,17 @@ func (s *Store) release(ctx context.Context, rdb redis.UniversalClient, ref Leas
 			if now, ok := replyMillis(replies[0]); ok {
 				s.clock.set(plain, now)
 			}
-			if n, ok := then.(int64); ok {
-				// SPUBLISH's reply: how many listen for the key.
+			// SPUBLISH's reply: how many listen for the key.
+			n, heard := then.(int64)
+			if heard {
 				s.notices.heard(ref.KeyID, n)
 			}
-			freed(replies)
+			freed(replies, n, heard)
 		})
 	} else if replies, err = txPipelinedDo(ctx, rdb, body); err == nil {
 		// A client that routes commands itself: the notice goes alone.
-		_ = rdb.Do(ctx, notice...).Err()
-		freed(replies)
+		n, err := rdb.Do(ctx, notice...).Int64()
+		freed(replies, n, err == nil)
 	}
 	if err != nil {
 		return err

@@ -13,7 +13,8 @@ import (
 // WaitPoll bounds how long the first caller in line goes without asking
 // the store again: a wake-up that never came (a notice lost with its
 // connection, a release in another process of a store that cannot
-// notify) costs at most about this long.
+// notify, a turn given to a process that had just stopped listening and
+// not passed on) costs at most about this long.
 const WaitPoll = time.Second
 
 // minWaitStep keeps a caller told "frees up now" (a FreeAt in the past by
@@ -101,7 +102,7 @@ func (q *Queue) Join(keyIDs []string) *Place {
 // Wake hands a freed slot on keyID to the earliest caller waiting on it
 // that holds no wake-up yet and is not being handed a slot (see handoff);
 // with none, it does nothing (callers that are trying the store right now
-// see the slot themselves). It reports whether any caller waits on keyID.
+// see the slot themselves). It reports whether it woke a caller.
 func (q *Queue) Wake(keyID string) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -116,7 +117,7 @@ func (q *Queue) Wake(keyID string) bool {
 		default:
 		}
 	}
-	return len(q.lines[keyID]) > 0
+	return false
 }
 
 // claim takes the handoff of the earliest caller waiting on keyID, parked
@@ -150,15 +151,17 @@ func (q *Queue) WakeAll(keyID string) {
 }
 
 // oldest returns how long the earliest caller waiting on keyID has
-// waited, if one does.
+// waited, if one does: one that holds a wake-up, or is being handed a
+// slot, is served already and does not count.
 func (q *Queue) oldest(keyID string) (time.Duration, bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	line := q.lines[keyID]
-	if len(line) == 0 {
-		return 0, false
+	for _, p := range q.lines[keyID] {
+		if len(p.wake) == 0 && (p.offer == nil || !p.offer.claimed) {
+			return time.Since(p.joined), true
+		}
 	}
-	return time.Since(line[0].joined), true
+	return 0, false
 }
 
 // Len returns how many callers wait in line.

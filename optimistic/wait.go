@@ -2,7 +2,6 @@ package optimistic
 
 import (
 	"context"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -13,16 +12,6 @@ import (
 )
 
 var _ Waiter = (*Store)(nil)
-
-// announceEvery is how often a store repeats that its callers wait for a
-// key, and how long its longest-waiting caller there has waited
-// (noticeWaits): Store.announceEvery.
-const announceEvery = 100 * time.Millisecond
-
-// turnSlack is how much longer than a process's own longest-waiting
-// caller another process's may have waited before a slot freed in the
-// first goes to the second's callers (see Store.turn): Store.turnSlack.
-const turnSlack = 50 * time.Millisecond
 
 // subscribeTimeout bounds how long Await waits for Redis to confirm a
 // subscription; past it the caller waits anyway, on WaitPoll and FreeAt.
@@ -35,8 +24,9 @@ const subscribeTimeout = time.Second
 // right after its EXEC, in the same round trip); this process listens on the channels of the keys its callers
 // wait on, over connections of their own, outside the pool, and stops
 // when the last of them leaves. A release in this process wakes the next
-// caller at once, without the round trip. A notice lost with its
-// connection costs at most WaitPoll, or the time to FreeAt.
+// caller at once, without the round trip, when the slot is this
+// process's turn (see turns.go). A notice lost with its connection costs
+// at most WaitPoll, or the time to FreeAt.
 func (s *Store) Await(ctx context.Context, keyIDs []string) (*Place, error) {
 	if err := CheckKeyIDs(keyIDs...); err != nil {
 		return nil, err
@@ -127,15 +117,6 @@ const (
 	// noticeTo, with a store's id: one slot freed for that store's
 	// callers; the others' stay asleep (see Store.turn).
 	noticeTo = "to"
-	// noticeHello: the sender's callers began to wait for the key (it
-	// subscribed); every store whose callers wait too answers noticeWaits.
-	// noticeWaits: the sender's callers wait for the key, sent every
-	// Store.announceEvery while they do. Both give how long, in
-	// milliseconds, the longest-waiting of them has waited.
-	noticeHello = "hello"
-	noticeWaits = "waits"
-	// noticeLeft: they no longer wait.
-	noticeLeft = "left"
 )
 
 // notice is keyID's free-slot notice of what (see noticeAll).
@@ -148,7 +129,7 @@ func (s *Store) notice(keyID, what string) cmd {
 }
 
 // freedFor is the notice of a slot freed on keyID for to's callers (see
-// notices.turn): for every listening process's if to is "".
+// Store.turn): for every listening process's if to is "".
 func (s *Store) freedFor(keyID, to string) cmd {
 	if to == "" {
 		return s.notice(keyID, "")
@@ -181,14 +162,11 @@ type notices struct {
 	mu sync.Mutex
 	// shared listens for every key on one connection, when the client
 	// talks to one server; else each key has its own, to the node that
-	// owns the channel's slot.
+	// owns the channels' slot.
 	shared *redis.PubSub
 	subs   map[string]*subscription
-	// said holds this store's announcements (noticeHello, noticeWaits,
-	// noticeLeft) not sent yet, in the order made; one goroutine sends
-	// them while there are any (saying), so that a store's "left" of one
-	// subscription never overtakes the "hello" of the next.
-	said   []cmd
+	// said holds this store's announcements not sent yet (see turns.go).
+	said   []said
 	saying bool
 }
 
@@ -199,17 +177,11 @@ type subscription struct {
 	// listeners is how many connections listened on the channel, this
 	// one included, as a release last heard (0: not heard yet).
 	listeners int64
-	// others are the other stores heard waiting for the key (noticeWaits);
-	// announce repeats this store's own, once confirmed.
+	// others are the other stores heard waiting for the key (see
+	// turns.go); announce repeats this store's own once its Turns
+	// subscription is confirmed.
 	others   map[string]waiting
 	announce *time.Timer
-}
-
-// waiting is what a store last said of its callers waiting for a key:
-// its longest-waiting one had waited age when this store heard it, at.
-type waiting struct {
-	at  time.Time
-	age time.Duration
 }
 
 // heard records n listeners on keyID's channel, as a release's SPUBLISH
@@ -227,73 +199,6 @@ func (n *notices) heard(keyID string, listeners int64) {
 	default:
 		// Not counted yet itself: the count may be another's alone.
 		sub.listeners = 0
-	}
-}
-
-// heardOf records store as waiting for keyID, told by what (noticeHello,
-// noticeWaits), or as no longer waiting (noticeLeft). A hello is answered
-// while this store's callers wait for keyID, so that a store that begins
-// to wait learns at once of those already waiting.
-func (n *notices) heardOf(s *Store, keyID, store, what, age string) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	sub := n.subs[keyID]
-	switch {
-	case sub == nil:
-	case what == noticeLeft:
-		delete(sub.others, store)
-	default:
-		if sub.others == nil {
-			sub.others = make(map[string]waiting)
-		}
-		ms, _ := strconv.ParseInt(age, 10, 64)
-		sub.others[store] = waiting{at: time.Now(), age: time.Duration(ms) * time.Millisecond}
-		if what == noticeHello && sub.announce != nil {
-			n.say(s, keyID, noticeWaits)
-		}
-	}
-}
-
-// announce says again that this store's callers wait for keyID, every
-// announceEvery while sub is keyID's subscription.
-func (n *notices) announce(s *Store, keyID string, sub *subscription) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if n.subs[keyID] == sub {
-		n.say(s, keyID, noticeWaits)
-		sub.announce.Reset(s.announceEvery)
-	}
-}
-
-// say queues this store's announcement what on keyID's channel, to be
-// sent after those queued before it. n.mu must be held.
-func (n *notices) say(s *Store, keyID, what string) {
-	if what != noticeLeft {
-		age, _ := s.queue.oldest(keyID)
-		what += " " + strconv.FormatInt(age.Milliseconds(), 10)
-	}
-	n.said = append(n.said, s.notice(keyID, what))
-	if !n.saying {
-		n.saying = true
-		go n.send(s)
-	}
-}
-
-// send sends the queued announcements in order until none is left.
-func (n *notices) send(s *Store) {
-	for {
-		n.mu.Lock()
-		if len(n.said) == 0 {
-			n.saying = false
-			n.mu.Unlock()
-			return
-		}
-		c := n.said[0]
-		n.said = n.said[1:]
-		n.mu.Unlock()
-		ctx, cancel := context.WithTimeout(context.Background(), unwatchTimeout)
-		_ = s.rdb.Do(ctx, c...).Err()
-		cancel()
 	}
 }
 
@@ -332,15 +237,15 @@ func (n *notices) listen(ctx context.Context, s *Store, ids []string) []chan str
 	shared := n.shared
 	n.mu.Unlock()
 	for _, id := range fresh {
-		ch := s.keys.Free(id)
+		chans := []string{s.keys.Free(id), s.keys.Turns(id)}
 		if single {
 			// An error (the connection closed meanwhile, the server down)
 			// leaves the waiters to polling.
-			_ = shared.SSubscribe(ctx, ch)
+			_ = shared.SSubscribe(ctx, chans...)
 			continue
 		}
-		// On a cluster the first channel picks the node to dial.
-		ps := s.rdb.SSubscribe(ctx, ch)
+		// On a cluster the channels, in one slot, pick the node to dial.
+		ps := s.rdb.SSubscribe(ctx, chans...)
 		n.mu.Lock()
 		// The caller's own waiter keeps the subscription: it leaves only
 		// once this returned.
@@ -385,32 +290,34 @@ func (n *notices) stop(s *Store, ids []string) {
 		n.shared = nil
 		return
 	}
-	chans := make([]string, len(done))
-	for i, id := range done {
-		chans[i] = s.keys.Free(id)
+	chans := make([]string, 0, 2*len(done))
+	for _, id := range done {
+		chans = append(chans, s.keys.Free(id), s.keys.Turns(id))
 	}
 	_ = n.shared.SUnsubscribe(ctx, chans...)
 }
 
-// read acts on each notice ps receives from another store (see
-// noticeAll), and marks ps's subscriptions confirmed, until ps is closed.
+// read acts on each message ps receives from another store, free-slot
+// notices (see noticeAll) and announcements (see turns.go), and marks ps's
+// subscriptions confirmed, until ps is closed.
 func (n *notices) read(s *Store, ps *redis.PubSub) {
 	for m := range ps.ChannelWithSubscriptions() {
 		switch m := m.(type) {
 		case *redis.Message:
 			id, ok := rs.FreeKeyID(m.Channel)
 			from, what, _ := strings.Cut(m.Payload, " ")
-			if !ok || from == s.id {
-				continue
-			}
 			what, arg, _ := strings.Cut(what, " ")
-			switch what {
-			case noticeHello, noticeWaits, noticeLeft:
-				n.heardOf(s, id, from, what, arg)
-			case noticeAll:
+			switch {
+			case !ok:
+			case rs.IsTurns(m.Channel):
+				if from != s.id {
+					n.heardOf(s, id, from, what, arg)
+				}
+			case from == s.id:
+			case what == noticeAll:
 				s.notes.freed(id)
 				s.queue.WakeAll(id)
-			case noticeTo:
+			case what == noticeTo && arg != "":
 				s.notes.freed(id)
 				if arg == s.id {
 					s.wake(id)
@@ -421,25 +328,30 @@ func (n *notices) read(s *Store, ps *redis.PubSub) {
 			}
 		case *redis.Subscription:
 			if id, ok := rs.FreeKeyID(m.Channel); ok && m.Kind == "ssubscribe" {
-				n.confirm(s, id, ps)
+				n.confirm(s, id, ps, rs.IsTurns(m.Channel))
 			}
 		}
 	}
 }
 
-// confirm marks id's subscription on ps confirmed and starts announcing
-// it; one on another connection (made again since) waits for its own
-// confirmation.
-func (n *notices) confirm(s *Store, id string, ps *redis.PubSub) {
+// confirm marks id's subscription on ps confirmed: its Free channel, which
+// waiters wait for, or its Turns channel, once confirmed this store says
+// that its callers wait (see turns.go). A subscription on another
+// connection (made again since) waits for its own confirmation.
+func (n *notices) confirm(s *Store, id string, ps *redis.PubSub, turns bool) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if sub := n.subs[id]; sub != nil && sub.ps == ps {
+	sub := n.subs[id]
+	switch {
+	case sub == nil || sub.ps != ps:
+	case !turns:
 		select {
 		case <-sub.ready:
 		default:
 			close(sub.ready)
-			n.say(s, id, noticeHello)
-			sub.announce = time.AfterFunc(s.announceEvery, func() { n.announce(s, id, sub) })
 		}
+	case sub.announce == nil:
+		n.say(s, id, noticeHello)
+		sub.announce = time.AfterFunc(s.announceEvery, func() { n.announce(s, id, sub) })
 	}
 }

@@ -41,7 +41,16 @@ func (s Schema) Leases(keyID string) string { return s.Key(keyID) + ":leases" }
 // round trip as the release.
 func (s Schema) Free(keyID string) string { return s.Key(keyID) + ":free" }
 
-// FreeKeyID returns the key id of a Free channel name.
+// Turns is the sharded pub/sub channel on which the stores whose callers
+// wait for the key say so (see optimistic's Store.turn). It hashes to the
+// key's slot too, so a store hears it on its Free channel's connection, in
+// the order the server ran the two channels' SPUBLISHes.
+func (s Schema) Turns(keyID string) string { return s.Key(keyID) + ":turns" }
+
+// IsTurns reports whether channel is a Turns channel.
+func IsTurns(channel string) bool { return strings.HasSuffix(channel, ":turns") }
+
+// FreeKeyID returns the key id of a Free or Turns channel name.
 func FreeKeyID(channel string) (string, bool) {
 	_, rest, ok := strings.Cut(channel, "{")
 	if !ok {

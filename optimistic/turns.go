@@ -1,0 +1,189 @@
+package optimistic
+
+import (
+	"context"
+	"strconv"
+	"time"
+)
+
+// Turns across processes. A release in a process whose callers wait for
+// the key can hand its slot to the first of them in one round trip (see
+// handoff), but that keeps the slot in the process: while callers of
+// other processes wait too, the processes take turns. Each store that
+// waits for a key says so on the key's Turns channel, with how long its
+// longest-waiting caller has waited: "hello" when it subscribes (every
+// store already waiting answers "waits", so the newcomer knows them at
+// once), "waits" every announceEvery, "left" when it stops. A release
+// keeps its slot (a handoff, or a wake-up here) unless another store's
+// longest-waiting caller, as it said plus the time since, has waited
+// turnSlack longer than this store's own (or this one has none waiting);
+// then it frees the slot and its notice names that store ("to"): only
+// that store wakes a caller, and the release counts it as just served
+// until it speaks again. So a slot stays in a process for runs of one-
+// round-trip handoffs, no process's line falls further behind than
+// turnSlack plus an announcement's lag, and a freed slot is tried by one
+// process instead of raced for by all.
+//
+// A turn can miss: the store named may have stopped listening before the
+// notice came (its "left" not heard yet), or hear it with no caller left
+// to wake. The first shows in the notice's reply (fewer listeners than
+// the stores it counted on) and the second to the store named; either
+// way every listener is then told, as a plain release would. A store that
+// stopped announcing (gone, cut off) is given no turn after
+// 2·announceEvery. What is left is bounded by the callers' poll
+// (WaitPoll, FreeAt).
+
+// announceEvery is how often a store says again that its callers wait for
+// a key (noticeWaits): Store.announceEvery.
+const announceEvery = 100 * time.Millisecond
+
+// turnSlack is by how much another process's longest-waiting caller must
+// have waited longer than this process's own for a slot freed here to go
+// to it: Store.turnSlack.
+const turnSlack = 50 * time.Millisecond
+
+// The announcements on a key's Turns channel: the sending store's id, a
+// space, one of these, and for hello and waits a space and how long its
+// longest-waiting caller has waited, in milliseconds.
+const (
+	noticeHello = "hello"
+	noticeWaits = "waits"
+	noticeLeft  = "left"
+)
+
+// maxWaited bounds an announced wait, which only a garbled or hostile
+// payload could exceed.
+const maxWaited = time.Hour
+
+// waiting is what a store last said of its callers waiting for a key:
+// its longest-waiting one had waited age when this store heard it, at.
+type waiting struct {
+	at  time.Time
+	age time.Duration
+}
+
+// said is an announcement not sent yet: what, on keyID's Turns channel.
+type said struct{ keyID, what string }
+
+// turn says whose callers a slot freed on keyID goes to (see above): ""
+// for every listening process's, this store's id, or another's. For
+// another, expect is how many listeners the notice should reach: this
+// store and each store counted on.
+func (s *Store) turn(keyID string) (to string, expect int64) {
+	n := &s.notices
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	sub := n.subs[keyID]
+	if sub == nil {
+		return "", 0
+	}
+	var (
+		oldest string
+		age    time.Duration
+	)
+	for id, w := range sub.others {
+		since := time.Since(w.at)
+		if since >= 2*s.announceEvery {
+			delete(sub.others, id)
+			continue
+		}
+		if a := w.age + since; oldest == "" || a > age {
+			oldest, age = id, a
+		}
+	}
+	switch {
+	case oldest == "" && sub.listeners == 1:
+		return s.id, 0
+	case oldest == "":
+		return "", 0
+	}
+	if own, ok := s.queue.oldest(keyID); ok && age < own+s.turnSlack {
+		return s.id, 0
+	}
+	sub.others[oldest] = waiting{at: time.Now()}
+	return oldest, int64(len(sub.others) + 1)
+}
+
+// heardOf records what store said of its callers waiting for keyID
+// (noticeHello or noticeWaits, with their longest wait, ms), or forgets
+// them (noticeLeft). A hello is answered while this store announces.
+func (n *notices) heardOf(s *Store, keyID, store, what, ms string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	sub := n.subs[keyID]
+	if sub == nil {
+		return
+	}
+	switch what {
+	case noticeLeft:
+		delete(sub.others, store)
+	case noticeHello, noticeWaits:
+		if sub.others == nil {
+			sub.others = make(map[string]waiting)
+		}
+		v, _ := strconv.ParseInt(ms, 10, 64)
+		age := time.Duration(min(max(v, 0), maxWaited.Milliseconds())) * time.Millisecond
+		sub.others[store] = waiting{at: time.Now(), age: age}
+		if what == noticeHello && sub.announce != nil {
+			n.say(s, keyID, noticeWaits)
+		}
+	}
+}
+
+// announce says again that this store's callers wait for keyID, every
+// announceEvery while sub is keyID's subscription.
+func (n *notices) announce(s *Store, keyID string, sub *subscription) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.subs[keyID] == sub {
+		n.say(s, keyID, noticeWaits)
+		sub.announce.Reset(s.announceEvery)
+	}
+}
+
+// say queues announcement what on keyID's Turns channel, after those
+// queued before it (so a "left" never overtakes the next "hello"); a
+// "waits" already queued for keyID stands for a second one. n.mu must be
+// held.
+func (n *notices) say(s *Store, keyID, what string) {
+	if what == noticeWaits {
+		for _, q := range n.said {
+			if q == (said{keyID, noticeWaits}) {
+				return
+			}
+		}
+	}
+	n.said = append(n.said, said{keyID, what})
+	if !n.saying {
+		n.saying = true
+		go n.send(s)
+	}
+}
+
+// send sends the queued announcements, all that are queued in one
+// pipeline, until none is left. The waits they give are read as they go.
+func (n *notices) send(s *Store) {
+	for {
+		n.mu.Lock()
+		batch := n.said
+		n.said = nil
+		if len(batch) == 0 {
+			n.saying = false
+			n.mu.Unlock()
+			return
+		}
+		n.mu.Unlock()
+		ctx, cancel := context.WithTimeout(context.Background(), unwatchTimeout)
+		p := s.rdb.Pipeline()
+		for _, a := range batch {
+			payload := s.id + " " + a.what
+			if a.what != noticeLeft {
+				age, _ := s.queue.oldest(a.keyID)
+				payload += " " + strconv.FormatInt(age.Milliseconds(), 10)
+			}
+			p.Do(ctx, "spublish", s.keys.Turns(a.keyID), payload)
+		}
+		_, _ = p.Exec(ctx)
+		cancel()
+	}
+}
