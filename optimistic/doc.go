@@ -103,7 +103,7 @@
 // grant; the slot is never free in between), checked by what that MULTI
 // reads back: see Store.Release. While callers of other processes wait
 // for the key too, the processes take turns: stores that wait say so on
-// the key's channel, with how long their first caller has waited, and a
+// the key's Turns channel, with how long their first caller has waited, and a
 // release keeps the slot for its own line unless another's has waited
 // turnSlack longer; then the notice names that store, and only its first
 // caller wakes (Store.turn). Callers that do not wait find such a key

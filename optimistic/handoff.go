@@ -49,14 +49,14 @@ import (
 // a handoff deletes it).
 //
 // A handoff keeps a slot in this process, so a release hands off only
-// when the slot is this process's turn (Store.turn): always while no
-// other process listens for the key's free-slot notices (as last heard
-// from a release: its SPUBLISH, or the PUBSUB SHARDNUMSUB that follows a
-// handoff), else unless another process's callers have waited longer by
-// turnSlack. Callers that do not wait, here or anywhere, find the key
-// full while callers wait for it: waiting callers go first. No handoff
-// is made
-// with Options.MinReplicas (the transfer would need the acknowledgement a
+// when the slot is this process's turn (Store.turn): while no other
+// process listens for the key's free-slot notices (as last heard from a
+// release: its SPUBLISH, or the PUBSUB SHARDNUMSUB that follows a
+// handoff), or while the other listeners are stores heard waiting and
+// none of their callers waited turnSlack longer than this one's. Callers
+// that do not wait, here or anywhere, find the key full while callers
+// wait for it: waiting callers go first. No handoff is made with
+// Options.MinReplicas (the transfer would need the acknowledgement a
 // grant has), with NoGate, or through a client that routes commands
 // itself.
 

@@ -29,8 +29,9 @@ import (
 //
 // While callers of this process wait for the key (Allocate with Wait) and
 // the slot is this process's turn (see Store.turn), the same MULTI hands
-// the slot to the first of them, with a lease of its own: the slot is never free for anyone else
-// in between, and the caller reads and commits nothing. The MULTI reads
+// the slot to the first of them, with a lease of its own: the slot is
+// never free for anyone else in between, and the caller reads and
+// commits nothing. The MULTI reads
 // back what it changed, and the caller gets the lease only if the key
 // still serves its provider and pool, is usable and within its limit;
 // else the lease is deleted and the caller tries the store itself. See
@@ -125,10 +126,12 @@ func (s *Store) release(ctx context.Context, rdb redis.UniversalClient, ref Leas
 	leasesKey, m := s.keys.Leases(ref.KeyID), member(ref)
 	body := []cmd{{"time"}, {"zscore", leasesKey, m}, {"zrem", leasesKey, m}, {"del", s.keys.Lease(ref.KeyID, m)}}
 	notice := s.freedFor(ref.KeyID, to)
-	// freed wakes whom the slot is for, if the release freed it; the
+	// freed wakes whom the slot is for, if the release freed it. The
 	// notice's reply (how many listened) says whether the store named
-	// may have stopped listening before it heard: then every listener
-	// is told.
+	// may have missed it (fewer listened than were counted on: it
+	// stopped; more: one that was not counted could be passed by), and
+	// a notice that got no reply may have reached nobody: either way
+	// the slot is announced to every listener.
 	freed := func(replies []any, listeners int64, heard bool) {
 		if removed, _ := replies[2].(int64); removed != 1 {
 			return
@@ -139,7 +142,8 @@ func (s *Store) release(ctx context.Context, rdb redis.UniversalClient, ref Leas
 			s.queue.Wake(ref.KeyID)
 		case to == s.id:
 			s.wake(ref.KeyID)
-		case heard && listeners < expect:
+		case !heard || listeners != expect:
+			s.queue.Wake(ref.KeyID)
 			s.announceFree(ref.KeyID)
 		}
 	}

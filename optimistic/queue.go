@@ -52,8 +52,14 @@ type Place struct {
 	joined time.Time
 	handed *Lease // a slot handed to p, once it took it
 	leave  func()
-	// unused, if set, gets the key of a wake-up p leaves untaken that no
-	// other caller here waits for: its slot may be free unnoticed.
+	// turn is the key of the wake-up p holds if it is a turn (see
+	// WakeTurn); guarded by q.mu. owed is the key of a turn p took and has
+	// not tried the store since; used by p's goroutine.
+	turn, owed string
+	// unused, if set, gets the key of a turn p took or held and did not
+	// use, when no other caller here could take it (none waits, or all
+	// are awake already): the slot may be free with no other process
+	// told (see Store.turn).
 	unused func(keyID string)
 	left   bool
 	waited time.Duration
@@ -103,7 +109,15 @@ func (q *Queue) Join(keyIDs []string) *Place {
 // that holds no wake-up yet and is not being handed a slot (see handoff);
 // with none, it does nothing (callers that are trying the store right now
 // see the slot themselves). It reports whether it woke a caller.
-func (q *Queue) Wake(keyID string) bool {
+func (q *Queue) Wake(keyID string) bool { return q.wake(keyID, false) }
+
+// wakeTurn is Wake for a slot freed for this process's callers alone (a
+// turn, see Store.turn): a caller that takes it and leaves, or ends its
+// wait, without trying the store hands it on, to the next caller here or
+// to Place's unused.
+func (q *Queue) wakeTurn(keyID string) bool { return q.wake(keyID, true) }
+
+func (q *Queue) wake(keyID string, turn bool) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	for _, p := range q.lines[keyID] {
@@ -113,6 +127,9 @@ func (q *Queue) Wake(keyID string) bool {
 		}
 		select {
 		case p.wake <- keyID:
+			if turn {
+				p.turn = keyID
+			}
 			return true
 		default:
 		}
@@ -150,14 +167,14 @@ func (q *Queue) WakeAll(keyID string) {
 	}
 }
 
-// oldest returns how long the earliest caller waiting on keyID has
-// waited, if one does: one that holds a wake-up, or is being handed a
-// slot, is served already and does not count.
+// oldest returns how long the earliest caller parked on keyID has waited,
+// if one is: one that holds a wake-up, or is being handed a slot, is
+// served already, and one trying the store is not waiting.
 func (q *Queue) oldest(keyID string) (time.Duration, bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	for _, p := range q.lines[keyID] {
-		if len(p.wake) == 0 && (p.offer == nil || !p.offer.claimed) {
+		if p.parked && len(p.wake) == 0 && (p.offer == nil || !p.offer.claimed) {
 			return time.Since(p.joined), true
 		}
 	}
@@ -235,6 +252,12 @@ func (p *Place) wait(ctx context.Context, until time.Time) (woken bool, err erro
 	}
 	p.q.mu.Lock()
 	p.parked = false
+	if woken && p.turn == wakeID {
+		p.owed = wakeID
+	}
+	if woken {
+		p.turn = ""
+	}
 	h := p.offer
 	claimed := h != nil && h.claimed
 	if claimed {
@@ -254,7 +277,7 @@ func (p *Place) wait(ctx context.Context, until time.Time) (woken bool, err erro
 	}
 	p.handed = &h.lease
 	if wakeID != "" {
-		p.q.Wake(wakeID)
+		p.handOn(wakeID)
 	}
 	return true, err
 }
@@ -284,6 +307,18 @@ func (p *Place) Handed() (Lease, bool) {
 // Waited returns the time p spent in Wait.
 func (p *Place) Waited() time.Duration { return p.waited }
 
+// handOn passes on a wake-up on keyID that p took and will not use: to
+// the next caller here, and a turn no caller here can take to unused.
+func (p *Place) handOn(keyID string) {
+	turn := p.owed == keyID
+	if turn {
+		p.owed = ""
+	}
+	if !p.q.wake(keyID, turn) && turn && p.unused != nil {
+		p.unused(keyID)
+	}
+}
+
 // Leave takes p out of line. A wake-up it held and did not take goes to
 // the next caller waiting on that key. Leaving twice is harmless.
 func (p *Place) Leave() {
@@ -302,13 +337,21 @@ func (p *Place) Leave() {
 		}
 	}
 	q.n--
-	q.mu.Unlock()
+	var held string
 	select {
-	case id := <-p.wake:
-		if !q.Wake(id) && p.unused != nil {
-			p.unused(id)
-		}
+	case held = <-p.wake:
 	default:
+	}
+	if held != "" && p.turn == held {
+		p.owed, held = held, ""
+	}
+	p.turn = ""
+	q.mu.Unlock()
+	if held != "" {
+		q.Wake(held)
+	}
+	if p.owed != "" {
+		p.handOn(p.owed)
 	}
 	if p.leave != nil {
 		p.leave()
@@ -353,6 +396,11 @@ func (p *Place) Retry(ctx context.Context, until time.Time, try func(context.Con
 			}
 		}
 		err := try(ctx)
+		if err == nil || NotYet(err) {
+			// The store was seen after any turn taken: its slot is
+			// taken, by this caller or another.
+			p.owed = ""
+		}
 		if !NotYet(err) || !time.Now().Before(until) {
 			return err
 		}

@@ -11,7 +11,9 @@ import (
 // handoff), but that keeps the slot in the process: while callers of
 // other processes wait too, the processes take turns. Each store that
 // waits for a key says so on the key's Turns channel, with how long its
-// longest-waiting caller has waited: "hello" when it subscribes (every
+// longest-waiting caller has waited (of those parked in line: not one
+// woken, being handed a slot or trying; none if none is): "hello" when
+// it subscribes (every
 // store already waiting answers "waits", so the newcomer knows them at
 // once), "waits" every announceEvery, "left" when it stops. A release
 // keeps its slot (a handoff, or a wake-up here) unless another store's
@@ -24,14 +26,22 @@ import (
 // turnSlack plus an announcement's lag, and a freed slot is tried by one
 // process instead of raced for by all.
 //
+// While somebody listens who has not announced itself, or nobody was
+// heard but this store does not listen alone, a release frees its slot
+// for every listener (a plain notice), as does a release in a process
+// with no caller waiting for the key.
+//
 // A turn can miss: the store named may have stopped listening before the
-// notice came (its "left" not heard yet), or hear it with no caller left
-// to wake. The first shows in the notice's reply (fewer listeners than
-// the stores it counted on) and the second to the store named; either
-// way every listener is then told, as a plain release would. A store that
-// stopped announcing (gone, cut off) is given no turn after
-// 2·announceEvery. What is left is bounded by the callers' poll
-// (WaitPoll, FreeAt).
+// notice came (its "left" not heard yet), or find its callers all awake
+// already, or the caller it wakes may leave or end its wait without
+// trying the store, or try and fail otherwise than "full". The first
+// shows in the notice's reply (other than the listeners it counted on),
+// the others to the store named; each time every listener is then told,
+// as after a plain release. A store that stopped announcing (gone, cut
+// off) is given no turn after 2·announceEvery, however often it was
+// named. What is left is bounded by the callers' poll (WaitPoll,
+// FreeAt): a caller woken for one key that took a slot of another of
+// its keys, and processes of a version before turns.
 
 // announceEvery is how often a store says again that its callers wait for
 // a key (noticeWaits): Store.announceEvery.
@@ -55,11 +65,23 @@ const (
 // payload could exceed.
 const maxWaited = time.Hour
 
-// waiting is what a store last said of its callers waiting for a key:
-// its longest-waiting one had waited age when this store heard it, at.
+// waiting is what a store last said of its callers waiting for a key,
+// heard at heard: its longest-waiting one had waited age, or none waited.
+// served is when a release here last gave it a turn.
 type waiting struct {
-	at  time.Time
-	age time.Duration
+	heard, served time.Time
+	age           time.Duration
+	none          bool
+}
+
+// waited is how long the store's longest-waiting caller has waited by
+// now, as far as this store knows: since it was last given a turn, if
+// that came after it spoke.
+func (w waiting) waited() time.Duration {
+	if w.served.After(w.heard) {
+		return time.Since(w.served)
+	}
+	return w.age + time.Since(w.heard)
 }
 
 // said is an announcement not sent yet: what, on keyID's Turns channel.
@@ -67,8 +89,11 @@ type said struct{ keyID, what string }
 
 // turn says whose callers a slot freed on keyID goes to (see above): ""
 // for every listening process's, this store's id, or another's. For
-// another, expect is how many listeners the notice should reach: this
-// store and each store counted on.
+// another, expect is how many listeners the notice should reach: each
+// store counted on, and this one once its subscription is confirmed.
+// While somebody listens who has not announced itself (as the last
+// release heard the listeners), or nobody else was heard but this store
+// does not listen alone, it is "": a turn could pass it by.
 func (s *Store) turn(keyID string) (to string, expect int64) {
 	n := &s.notices
 	n.mu.Lock()
@@ -80,32 +105,42 @@ func (s *Store) turn(keyID string) (to string, expect int64) {
 	var (
 		oldest string
 		age    time.Duration
+		heard  int64
 	)
 	for id, w := range sub.others {
-		since := time.Since(w.at)
-		if since >= 2*s.announceEvery {
+		if time.Since(w.heard) >= 2*s.announceEvery {
 			delete(sub.others, id)
 			continue
 		}
-		if a := w.age + since; oldest == "" || a > age {
+		heard++
+		if a := w.waited(); !w.none && (oldest == "" || a > age) {
 			oldest, age = id, a
 		}
 	}
+	select {
+	case <-sub.ready:
+		expect = heard + 1
+	default:
+		expect = heard
+	}
 	switch {
-	case oldest == "" && sub.listeners == 1:
-		return s.id, 0
-	case oldest == "":
+	case sub.listeners > heard+1, heard == 0 && sub.listeners != 1:
 		return "", 0
+	case oldest == "":
+		return s.id, 0
 	}
 	if own, ok := s.queue.oldest(keyID); ok && age < own+s.turnSlack {
 		return s.id, 0
 	}
-	sub.others[oldest] = waiting{at: time.Now()}
-	return oldest, int64(len(sub.others) + 1)
+	w := sub.others[oldest]
+	w.served = time.Now()
+	sub.others[oldest] = w
+	return oldest, expect
 }
 
 // heardOf records what store said of its callers waiting for keyID
-// (noticeHello or noticeWaits, with their longest wait, ms), or forgets
+// (noticeHello or noticeWaits, with their longest wait in ms, or none if
+// ms is empty: its callers are all trying or being served), or forgets
 // them (noticeLeft). A hello is answered while this store announces.
 func (n *notices) heardOf(s *Store, keyID, store, what, ms string) {
 	n.mu.Lock()
@@ -123,7 +158,7 @@ func (n *notices) heardOf(s *Store, keyID, store, what, ms string) {
 		}
 		v, _ := strconv.ParseInt(ms, 10, 64)
 		age := time.Duration(min(max(v, 0), maxWaited.Milliseconds())) * time.Millisecond
-		sub.others[store] = waiting{at: time.Now(), age: age}
+		sub.others[store] = waiting{heard: time.Now(), served: sub.others[store].served, age: age, none: ms == ""}
 		if what == noticeHello && sub.announce != nil {
 			n.say(s, keyID, noticeWaits)
 		}
@@ -147,11 +182,13 @@ func (n *notices) announce(s *Store, keyID string, sub *subscription) {
 // held.
 func (n *notices) say(s *Store, keyID, what string) {
 	if what == noticeWaits {
-		for _, q := range n.said {
-			if q == (said{keyID, noticeWaits}) {
-				return
-			}
+		if n.waits[keyID] {
+			return
 		}
+		if n.waits == nil {
+			n.waits = make(map[string]bool)
+		}
+		n.waits[keyID] = true
 	}
 	n.said = append(n.said, said{keyID, what})
 	if !n.saying {
@@ -167,6 +204,7 @@ func (n *notices) send(s *Store) {
 		n.mu.Lock()
 		batch := n.said
 		n.said = nil
+		clear(n.waits)
 		if len(batch) == 0 {
 			n.saying = false
 			n.mu.Unlock()
@@ -177,8 +215,7 @@ func (n *notices) send(s *Store) {
 		p := s.rdb.Pipeline()
 		for _, a := range batch {
 			payload := s.id + " " + a.what
-			if a.what != noticeLeft {
-				age, _ := s.queue.oldest(a.keyID)
+			if age, ok := s.queue.oldest(a.keyID); ok && a.what != noticeLeft {
 				payload += " " + strconv.FormatInt(age.Milliseconds(), 10)
 			}
 			p.Do(ctx, "spublish", s.keys.Turns(a.keyID), payload)

@@ -2,6 +2,7 @@ package optimistic
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -56,7 +57,7 @@ func heardAs(s *Store, ages map[string]time.Duration) {
 	sub := s.notices.subs["k"]
 	sub.others = make(map[string]waiting)
 	for id, age := range ages {
-		sub.others[id] = waiting{at: time.Now(), age: age}
+		sub.others[id] = waiting{heard: time.Now(), age: age}
 	}
 }
 
@@ -76,9 +77,39 @@ func drained(t *testing.T, ss ...*Store) {
 	}, 10*time.Second, time.Millisecond)
 	for _, s := range ss {
 		s.notices.mu.Lock()
-		delete(s.notices.subs["k"].others, marker)
+		if sub := s.notices.subs["k"]; sub != nil {
+			delete(sub.others, marker)
+		}
 		s.notices.mu.Unlock()
 	}
+}
+
+// settled waits until the stores in ss have heard every announcement and
+// answered them, and heard the answers: none comes late to overwrite
+// what a test sets with heardAs.
+func settled(t *testing.T, ss ...*Store) {
+	t.Helper()
+	drained(t, ss...)
+	require.Eventually(t, func() bool {
+		for _, s := range ss {
+			s.notices.mu.Lock()
+			busy := s.notices.saying
+			s.notices.mu.Unlock()
+			if busy {
+				return false
+			}
+		}
+		return true
+	}, 10*time.Second, time.Millisecond)
+	drained(t, ss...)
+}
+
+// parkIn makes p wait in line, parked, until the test ends or it is woken.
+func parkIn(t *testing.T, s *Store, p *Place) {
+	t.Helper()
+	n := parked(s)
+	go func() { _ = p.Wait(t.Context(), time.Now().Add(time.Minute)) }()
+	require.Eventually(t, func() bool { return parked(s) == n+1 }, 10*time.Second, time.Millisecond)
 }
 
 // Stores that wait for a key learn of each other at once: a newcomer's
@@ -117,6 +148,7 @@ func TestReleasesTakeTurnsAcrossProcesses(t *testing.T) {
 	go func() { waited <- pa.Wait(ctx, time.Now().Add(time.Minute)) }()
 	next := place(t, a)
 	require.Eventually(t, func() bool { return parked(a) == 1 && knows(a, b.id) && knows(a, c.id) }, 10*time.Second, time.Millisecond)
+	settled(t, a, b, c)
 
 	heardAs(a, map[string]time.Duration{b.id: 0, c.id: 0})
 	require.NoError(t, a.Release(ctx, held.LeaseRef))
@@ -167,6 +199,7 @@ func TestMissedTurnIsPassedOn(t *testing.T) {
 			pb, pc := place(t, b), place(t, cs)
 			place(t, a)
 			require.Eventually(t, func() bool { return knows(a, b.id) && knows(a, cs.id) }, 10*time.Second, time.Millisecond)
+			settled(t, a, b, cs)
 			if c.miss != nil {
 				c.miss(t, a, b, pb)
 			}
@@ -182,30 +215,42 @@ func TestMissedTurnIsPassedOn(t *testing.T) {
 
 // Whose turn a freed slot is, from what the store heard: its own unless
 // another's longest-waiting caller (as said, plus the time since) waited
-// turnSlack longer; a store given the turn counts as just served; one not
-// heard from for two announcements counts no more, and then a store that
-// last heard itself alone keeps the slot.
+// turnSlack longer, or none of its own waits, parked; a store given the
+// turn counts as just served, yet is dropped once not heard from for two
+// announcements; a store that says none of its callers waits gets no
+// turn; and while somebody listens unannounced, or nobody was heard but
+// the store does not listen alone, every listener is told.
 func TestTurnGoesToTheLongestWaiting(t *testing.T) {
 	a, _, _ := turnStores(t, false)
-	pa := place(t, a)
-	other := func(heard, age time.Duration) {
+	set := func(listeners int64, others map[string]waiting) {
 		a.notices.mu.Lock()
 		defer a.notices.mu.Unlock()
 		sub := a.notices.subs["k"]
-		sub.listeners = 1
-		sub.others = map[string]waiting{"b": {at: time.Now().Add(-heard), age: age}}
+		sub.listeners, sub.others = listeners, others
 	}
+	pa := place(t, a)
+	set(2, map[string]waiting{"b": {heard: time.Now()}})
+	to, expect := a.turn("k")
+	require.Equal(t, "b", to, "a's caller is not parked: it is trying")
+	parkIn(t, a, pa)
+	now := time.Now()
 	for _, c := range []struct {
-		name       string
-		heard, age time.Duration
-		to         string
+		name      string
+		listeners int64
+		b         waiting
+		to        string
 	}{
-		{"b's caller waited far longer", 0, time.Minute, "b"},
-		{"b's caller waited since it was heard", time.Minute, 0, "b"},
-		{"a's caller waited longer", 0, 0, a.id},
+		{"b's caller waited far longer", 2, waiting{heard: now, age: time.Minute}, "b"},
+		{"b's caller waited since it was heard", 2, waiting{heard: now.Add(-time.Minute)}, "b"},
+		{"a's caller waited longer", 2, waiting{heard: now}, a.id},
+		{"b was served since it spoke", 2, waiting{heard: now, age: time.Minute, served: now.Add(time.Millisecond)}, a.id},
+		{"none of b's callers waits", 2, waiting{heard: now, age: time.Minute, none: true}, a.id},
+		{"b not heard from lately, though served", 1, waiting{heard: now.Add(-3 * time.Hour), age: time.Minute, served: now}, a.id},
+		{"b not heard from lately, and a not alone", 2, waiting{heard: now.Add(-3 * time.Hour)}, ""},
+		{"an unannounced listener", 3, waiting{heard: now, age: time.Minute}, ""},
 	} {
-		other(c.heard, c.age)
-		to, expect := a.turn("k")
+		set(c.listeners, map[string]waiting{"b": c.b})
+		to, expect = a.turn("k")
 		require.Equal(t, c.to, to, c.name)
 		if to == "b" {
 			require.EqualValues(t, 2, expect, "a and b listen")
@@ -213,20 +258,39 @@ func TestTurnGoesToTheLongestWaiting(t *testing.T) {
 			require.Equal(t, a.id, to, "b was just served")
 		}
 	}
-	require.True(t, a.queue.Wake("k"))
-	other(0, 0)
-	to, _ := a.turn("k")
-	require.Equal(t, "b", to, "a's caller, woken, is served already")
-	<-pa.wake
-
-	other(2*time.Hour, time.Minute) // announceEvery is an hour
-	to, _ = a.turn("k")
-	require.Equal(t, a.id, to, "b not heard from lately: a listened alone when last heard")
-	require.False(t, knows(a, "b"))
-
 	pa.Leave()
 	to, _ = a.turn("k")
 	require.Empty(t, to, "nobody waits here")
+}
+
+// A turn that a caller took and did not use (its try failed otherwise
+// than "full") goes to every listening store when it leaves.
+func TestTurnNotTriedIsPassedOn(t *testing.T) {
+	a, b, c := turnStores(t, false)
+	ctx := t.Context()
+	held, _, err := a.Allocate(ctx, waitReq(0))
+	require.NoError(t, err)
+	pc := place(t, c)
+	place(t, a)
+	pb := place(t, b)
+	down := errors.New("store down")
+	done := make(chan error, 1)
+	go func() {
+		done <- pb.Retry(ctx, time.Now().Add(time.Minute), func(context.Context) error {
+			if pb.owed == "k" {
+				return down
+			}
+			return &CapacityError{}
+		})
+	}()
+	require.Eventually(t, func() bool { return parked(b) == 1 && knows(a, b.id) && knows(a, c.id) }, 10*time.Second, time.Millisecond)
+	settled(t, a, b, c)
+	heardAs(a, map[string]time.Duration{b.id: time.Hour, c.id: 0})
+	require.NoError(t, a.Release(ctx, held.LeaseRef))
+	require.ErrorIs(t, <-done, down)
+	require.Empty(t, pc.wake, "c's caller sleeps: the turn was b's")
+	pb.Leave()
+	require.Eventually(t, func() bool { return len(pc.wake) == 1 }, 10*time.Second, time.Millisecond, "c is told")
 }
 
 // What a store makes of the messages on a key's channels: a notice in

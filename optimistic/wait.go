@@ -137,11 +137,12 @@ func (s *Store) freedFor(keyID, to string) cmd {
 	return s.notice(keyID, noticeTo+" "+to)
 }
 
-// wake hands a slot freed on keyID for this process's callers to the
-// next of them; if none waits any more, the slot is announced to every
-// listening process instead of staying free unnoticed.
+// wake hands a slot freed on keyID for this process's callers (its turn)
+// to the next of them; if none can take it (none waits, or all are awake
+// already), every listening process is told instead, so that the slot is
+// not left free unnoticed.
 func (s *Store) wake(keyID string) {
-	if !s.queue.Wake(keyID) {
+	if !s.queue.wakeTurn(keyID) {
 		s.announceFree(keyID)
 	}
 }
@@ -165,8 +166,10 @@ type notices struct {
 	// owns the channels' slot.
 	shared *redis.PubSub
 	subs   map[string]*subscription
-	// said holds this store's announcements not sent yet (see turns.go).
+	// said holds this store's announcements not sent yet (see turns.go),
+	// waits the keys with a "waits" among them.
 	said   []said
+	waits  map[string]bool
 	saying bool
 }
 
