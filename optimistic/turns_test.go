@@ -232,6 +232,7 @@ func TestTurnGoesToTheLongestWaiting(t *testing.T) {
 	set(2, map[string]waiting{"b": {heard: time.Now()}})
 	to, expect := a.turn("k")
 	require.Equal(t, "b", to, "a's caller is not parked: it is trying")
+	require.EqualValues(t, 2, expect, "a and b listen")
 	parkIn(t, a, pa)
 	now := time.Now()
 	for _, c := range []struct {
