@@ -44,15 +44,6 @@ func (w waiter) result(t *testing.T) allocated {
 	}
 }
 
-// alone reports whether s listened on k's channel, confirmed, and was
-// the only one to when a release last heard.
-func alone(s *Store) bool {
-	s.notices.mu.Lock()
-	defer s.notices.mu.Unlock()
-	sub := s.notices.subs["k"]
-	return sub != nil && sub.listeners == 1
-}
-
 // primed returns a lease of k held in s, which takes k's last free slot,
 // and a caller of s waiting for k, with s ready to hand the slot over: a
 // first release, whose waiter took the slot itself, heard that s alone
@@ -72,7 +63,7 @@ func primed(t *testing.T, s *Store) (Lease, waiter) {
 	require.NoError(t, got.err)
 	require.NotZero(t, got.stats.Attempts, "the first waiter took the freed slot itself")
 	require.Eventually(t, func() bool { return parked(s) == 1 }, 10*time.Second, time.Millisecond)
-	require.True(t, alone(s))
+	require.True(t, s.notices.alone("k"))
 	return got.lease, second
 }
 
@@ -133,7 +124,7 @@ func TestRefusedHandoffLeavesNothing(t *testing.T) {
 			require.NoError(t, err)
 			held, w := primed(t, s)
 			require.NoError(t, c.change(ctx, rdb, s.keys))
-			require.True(t, alone(s))
+			require.True(t, s.notices.alone("k"))
 
 			_ = s.Release(ctx, held.LeaseRef)
 			require.Contains(t, rdb.Info(ctx, "commandstats").Val(), "cmdstat_pubsub|shardnumsub", "a handoff was tried")

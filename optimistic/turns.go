@@ -138,6 +138,16 @@ func (s *Store) turn(keyID string) (to string, expect int64) {
 	return oldest, expect
 }
 
+// alone reports whether this store listens for keyID's notices and no
+// other does, as far as it knows: the last release heard one listener,
+// and no other store was heard since.
+func (n *notices) alone(keyID string) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	sub := n.subs[keyID]
+	return sub != nil && sub.listeners == 1 && len(sub.others) == 0
+}
+
 // heardOf records what store said of its callers waiting for keyID
 // (noticeHello or noticeWaits, with their longest wait in ms, or none if
 // ms is empty: its callers are all trying or being served), or forgets

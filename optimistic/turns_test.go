@@ -229,6 +229,12 @@ func TestTurnGoesToTheLongestWaiting(t *testing.T) {
 		sub.listeners, sub.others = listeners, others
 	}
 	pa := place(t, a)
+	set(1, nil)
+	require.True(t, a.notices.alone("k"), "one listener heard, no other store")
+	set(2, nil)
+	require.False(t, a.notices.alone("k"), "another listener")
+	set(1, map[string]waiting{"b": {heard: time.Now()}})
+	require.False(t, a.notices.alone("k"), "another store heard since")
 	set(2, map[string]waiting{"b": {heard: time.Now()}})
 	to, expect := a.turn("k")
 	require.Equal(t, "b", to, "a's caller is not parked: it is trying")

@@ -139,10 +139,10 @@ func (s *Store) freedFor(keyID, to string) cmd {
 
 // wake hands a slot freed on keyID for this process's callers (its turn)
 // to the next of them; if none can take it (none waits, or all are awake
-// already), every listening process is told instead, so that the slot is
-// not left free unnoticed.
+// already) and another process may wait, every listening process is told
+// instead, so that the slot is not left free unnoticed.
 func (s *Store) wake(keyID string) {
-	if !s.queue.wakeTurn(keyID) {
+	if !s.queue.wakeTurn(keyID) && !s.notices.alone(keyID) {
 		s.announceFree(keyID)
 	}
 }
