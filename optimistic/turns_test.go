@@ -8,6 +8,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
+
+	"github.com/credpool/credpool/test/redistest"
 )
 
 // turnStores returns three stores on one redis-server (or one-node
@@ -331,4 +333,37 @@ func TestNoticesAsHeard(t *testing.T) {
 	require.Equal(t, maxWaited, others["huge"].age)
 	require.Equal(t, time.Duration(0), others["junk"].age)
 	require.NotContains(t, others, a.id)
+}
+
+// A process cut off from Redis (its connections closed, as when it dies)
+// says nothing more; a turn a release gives it meanwhile reaches the
+// other waiting process, told by the notice's reply.
+func TestTurnOfACutOffProcessIsPassedOn(t *testing.T) {
+	srv := redistest.Start(t)
+	proxy := redistest.NewProxy(t, srv.Addr)
+	a := storeOn(t, redis.NewClient(&redis.Options{Addr: srv.Addr}))
+	b := storeOn(t, redis.NewClient(&redis.Options{Addr: proxy.Addr, MaxRetries: -1}))
+	c := storeOn(t, redis.NewClient(&redis.Options{Addr: srv.Addr}))
+	for _, s := range []*Store{a, b, c} {
+		s.announceEvery = time.Hour
+	}
+	ctx := t.Context()
+	require.NoError(t, a.SyncKey(ctx, KeyState{ID: "k", Provider: "openai", Pool: "default", Status: StatusAvailable, MaxConcurrentUses: 1}))
+	held, _, err := a.Allocate(ctx, waitReq(0))
+	require.NoError(t, err)
+	place(t, b)
+	pc := place(t, c)
+	place(t, a)
+	require.Eventually(t, func() bool { return knows(a, b.id) && knows(a, c.id) }, 10*time.Second, time.Millisecond)
+	settled(t, a, c)
+
+	proxy.SetDown(true)
+	require.Eventually(t, func() bool {
+		n, err := srv.Client(t).PubSubShardNumSub(ctx, a.keys.Free("k")).Result()
+		return err == nil && n[a.keys.Free("k")] == 2
+	}, 10*time.Second, 10*time.Millisecond, "the server dropped b's subscription")
+	require.True(t, knows(a, b.id), "a still counts on b")
+	heardAs(a, map[string]time.Duration{b.id: time.Hour, c.id: 0})
+	require.NoError(t, a.Release(ctx, held.LeaseRef))
+	require.Eventually(t, func() bool { return len(pc.wake) == 1 }, 10*time.Second, time.Millisecond, "c is told")
 }
