@@ -144,9 +144,9 @@ type Store struct {
 	fences fences
 	// fenceFresh is fenceFresh; tests that are not about it lengthen it.
 	fenceFresh time.Duration
-	// announceEvery and turnSlack are announceEvery and turnSlack (see
-	// Store.turn); tests change them.
-	announceEvery, turnSlack time.Duration
+	// announceEvery, heardWithin and turnSlack are announceEvery,
+	// heardWithin and turnSlack (see Store.turn); tests change them.
+	announceEvery, heardWithin, turnSlack time.Duration
 }
 
 // New returns a Store over rdb: a standalone, Sentinel (failover) or Cluster
@@ -162,7 +162,7 @@ func New(rdb redis.UniversalClient, opts *Options) (*Store, error) {
 	_, cluster := rdb.(*redis.ClusterClient)
 	return &Store{
 		rdb: rdb, opts: o, keys: rs.Schema{Prefix: o.Prefix}, cluster: cluster, id: uuid.NewString(), fenceFresh: fenceFresh,
-		announceEvery: announceEvery, turnSlack: turnSlack,
+		announceEvery: announceEvery, heardWithin: heardWithin, turnSlack: turnSlack,
 		policy: retry.Policy{MaxRetries: o.MaxRetries, MinBackoff: o.MinBackoff, MaxBackoff: o.MaxBackoff, MaxElapsed: o.MaxElapsed},
 	}, nil
 }

@@ -8,23 +8,24 @@ import (
 
 // Turns across processes. A release in a process whose callers wait for
 // the key can hand its slot to the first of them in one round trip (see
-// handoff), but that keeps the slot in the process: while callers of
-// other processes wait too, the processes take turns. Each store that
-// waits for a key says so on the key's Turns channel, with how long its
+// handoff), but that keeps the slot in the process: while callers of other
+// processes wait too, the processes take turns. Each store that waits for
+// a key says so on the key's Turns channel, with how long its
 // longest-waiting caller has waited (of those parked in line: not one
-// woken, being handed a slot or trying; none if none is): "hello" when
-// it subscribes (every
-// store already waiting answers "waits", so the newcomer knows them at
-// once), "waits" every announceEvery, "left" when it stops. A release
-// keeps its slot (a handoff, or a wake-up here) unless another store's
-// longest-waiting caller, as it said plus the time since, has waited
-// turnSlack longer than this store's own (or this one has none waiting);
-// then it frees the slot and its notice names that store ("to"): only
-// that store wakes a caller, and the release counts it as just served
-// until it speaks again. So a slot stays in a process for runs of one-
-// round-trip handoffs, no process's line falls further behind than
-// turnSlack plus an announcement's lag, and a freed slot is tried by one
-// process instead of raced for by all.
+// woken, being handed a slot or trying; none if none is): "hello" when it
+// subscribes (every store already waiting answers "waits", so the newcomer
+// knows them at once), "waits" every announceEvery, "left" when it stops.
+// A release keeps its slot (a handoff, or a wake-up here) unless another
+// store's longest-waiting caller, as it said plus the time since, has
+// waited turnSlack longer than this store's own (or this one has none
+// waiting); then it frees the slot and its notice names that store ("to"):
+// only that store wakes a caller, and every store that hears the notice
+// (the releasing one too) counts it as just served until it speaks again,
+// so that the releases of several processes do not all pick the same line.
+// So a slot stays in a process for runs of one-round-trip handoffs, no
+// process's line falls further behind than turnSlack plus an
+// announcement's lag, and a freed slot is tried by one process instead of
+// raced for by all.
 //
 // While somebody listens who has not announced itself, or nobody was
 // heard but this store does not listen alone, a release frees its slot
@@ -33,19 +34,27 @@ import (
 //
 // A turn can miss: the store named may have stopped listening before the
 // notice came (its "left" not heard yet), or find its callers all awake
-// already, or the caller it wakes may leave or end its wait without
-// trying the store, or try and fail otherwise than "full". The first
-// shows in the notice's reply (other than the listeners it counted on),
-// the others to the store named; each time every listener is then told,
-// as after a plain release. A store that stopped announcing (gone, cut
-// off) is given no turn after 2·announceEvery, however often it was
-// named. What is left is bounded by the callers' poll (WaitPoll,
-// FreeAt): a caller woken for one key that took a slot of another of
-// its keys, and processes of a version before turns.
+// already, or the caller it wakes may leave or end its wait without trying
+// the store, or try and fail otherwise than "full". The first shows in the
+// notice's reply (other than the listeners it counted on), the others to
+// the store named; each time every listener is then told, as after a plain
+// release. A store that stopped announcing (gone, cut off) is given no
+// turn after heardWithin, however often it was named. What is left is
+// bounded by the callers' poll (WaitPoll, FreeAt): a caller woken for one
+// key that took a slot of another of its keys, and processes of a version
+// before turns.
 
 // announceEvery is how often a store says again that its callers wait for
-// a key (noticeWaits): Store.announceEvery.
-const announceEvery = 100 * time.Millisecond
+// a key (noticeWaits): Store.announceEvery. On a hot key a line's wait
+// changes many times within 100 ms; announced that rarely, the releases
+// of all processes kept giving their slots to lines served meanwhile, and
+// the slots went round in bursts (README, "Across processes").
+const announceEvery = 25 * time.Millisecond
+
+// heardWithin is how recently a store must have announced itself to be
+// given a turn: a few announcements, so that a store whose announcement
+// a busy machine delays is not dropped at once: Store.heardWithin.
+const heardWithin = 200 * time.Millisecond
 
 // turnSlack is by how much another process's longest-waiting caller must
 // have waited longer than this process's own for a slot freed here to go
@@ -108,7 +117,7 @@ func (s *Store) turn(keyID string) (to string, expect int64) {
 		heard  int64
 	)
 	for id, w := range sub.others {
-		if time.Since(w.heard) >= 2*s.announceEvery {
+		if time.Since(w.heard) >= s.heardWithin {
 			delete(sub.others, id)
 			continue
 		}
@@ -136,6 +145,20 @@ func (s *Store) turn(keyID string) (to string, expect int64) {
 	w.served = time.Now()
 	sub.others[oldest] = w
 	return oldest, expect
+}
+
+// turnTo notes that another release gave store a turn on keyID: it
+// counts as just served here too, so that the releases of every process
+// do not all give their slots to the same store at once.
+func (n *notices) turnTo(keyID, store string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if sub := n.subs[keyID]; sub != nil {
+		if w, ok := sub.others[store]; ok {
+			w.served = time.Now()
+			sub.others[store] = w
+		}
+	}
 }
 
 // alone reports whether this store listens for keyID's notices and no

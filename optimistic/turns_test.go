@@ -14,7 +14,8 @@ import (
 
 // turnStores returns three stores on one redis-server (or one-node
 // cluster) sharing key k of limit 1, which announce only when they begin
-// to wait (and answer those who do): no repeated "waits" to blur a test.
+// to wait (and answer those who do): no repeated "waits" to blur a test,
+// and forget only those not heard from for two hours.
 func turnStores(t *testing.T, cluster bool) (a, b, c *Store) {
 	t.Helper()
 	a, b = waitStores(t, cluster)
@@ -24,7 +25,7 @@ func turnStores(t *testing.T, cluster bool) (a, b, c *Store) {
 		c = storeOn(t, redis.NewClient(&redis.Options{Addr: a.rdb.(*redis.Client).Options().Addr}))
 	}
 	for _, s := range []*Store{a, b, c} {
-		s.announceEvery = time.Hour
+		s.announceEvery, s.heardWithin = time.Hour, 2*time.Hour
 	}
 	return a, b, c
 }
@@ -131,7 +132,7 @@ func TestStoresLearnWhoWaits(t *testing.T) {
 // While callers of three processes wait, a release keeps its slot for
 // its own line (handed over) while no other line is further behind, and
 // else frees it for the store whose caller waited longest: only that
-// store wakes a caller.
+// store wakes a caller, and every store counts it as just served.
 func TestReleasesTakeTurnsAcrossProcesses(t *testing.T) {
 	a, b, c := turnStores(t, false)
 	ctx := t.Context()
@@ -149,7 +150,8 @@ func TestReleasesTakeTurnsAcrossProcesses(t *testing.T) {
 	waited := make(chan error, 1)
 	go func() { waited <- pa.Wait(ctx, time.Now().Add(time.Minute)) }()
 	next := place(t, a)
-	require.Eventually(t, func() bool { return parked(a) == 1 && knows(a, b.id) && knows(a, c.id) }, 10*time.Second, time.Millisecond)
+	parkIn(t, c, place(t, c))
+	require.Eventually(t, func() bool { return parked(a) == 1 && knows(a, b.id) && knows(a, c.id) && knows(c, b.id) }, 10*time.Second, time.Millisecond)
 	settled(t, a, b, c)
 
 	heardAs(a, map[string]time.Duration{b.id: 0, c.id: 0})
@@ -160,13 +162,20 @@ func TestReleasesTakeTurnsAcrossProcesses(t *testing.T) {
 	pa.Leave()
 
 	heardAs(a, map[string]time.Duration{b.id: time.Hour, c.id: time.Minute})
+	heardAs(c, map[string]time.Duration{b.id: time.Hour, a.id: 0})
+	to, _ := c.turn("k")
+	require.Equal(t, b.id, to, "c would give b a turn too")
+	heardAs(c, map[string]time.Duration{b.id: time.Hour, a.id: 0})
 	require.NoError(t, a.Release(ctx, got.LeaseRef))
 	require.Eventually(t, func() bool { return len(pb.wake) == 1 }, 10*time.Second, time.Millisecond, "b's turn")
 	drained(t, a, c)
 	require.Empty(t, pc.wake, "c's caller sleeps")
+	require.Equal(t, 1, parked(c), "c's other caller sleeps")
 	require.Empty(t, next.wake, "a's caller sleeps")
-	to, _ := a.turn("k")
+	to, _ = a.turn("k")
 	require.Equal(t, c.id, to, "b counts as just served: c's turn next")
+	to, _ = c.turn("k")
+	require.Equal(t, c.id, to, "c heard a give b its turn: b counts as just served there too")
 }
 
 // A turn that the store named cannot use goes to every listening store,
@@ -345,7 +354,7 @@ func TestTurnOfACutOffProcessIsPassedOn(t *testing.T) {
 	b := storeOn(t, redis.NewClient(&redis.Options{Addr: proxy.Addr, MaxRetries: -1}))
 	c := storeOn(t, redis.NewClient(&redis.Options{Addr: srv.Addr}))
 	for _, s := range []*Store{a, b, c} {
-		s.announceEvery = time.Hour
+		s.announceEvery, s.heardWithin = time.Hour, 2*time.Hour
 	}
 	ctx := t.Context()
 	require.NoError(t, a.SyncKey(ctx, KeyState{ID: "k", Provider: "openai", Pool: "default", Status: StatusAvailable, MaxConcurrentUses: 1}))

@@ -324,6 +324,8 @@ func (n *notices) read(s *Store, ps *redis.PubSub) {
 				s.notes.freed(id)
 				if arg == s.id {
 					s.wake(id)
+				} else {
+					n.turnTo(id, arg)
 				}
 			default:
 				s.notes.freed(id)
