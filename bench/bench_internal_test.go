@@ -172,3 +172,19 @@ func TestServiceConflicts(t *testing.T) {
 	_, err = s.conflicts(t.Context())
 	require.ErrorContains(t, err, "404")
 }
+
+// One catalog for every instance, or one each: distinct files.
+func TestCatalogsSharedOrEach(t *testing.T) {
+	h := &harness{tmp: t.TempDir(), id: 7}
+	cfg := ServiceConfig{Instances: []int{1, 3}}
+	dbs, err := catalogs(t.Context(), cfg, h, nil, "optimistic")
+	require.NoError(t, err)
+	require.Equal(t, []string{dbs[0], dbs[0], dbs[0]}, dbs)
+	cfg.CatalogEach = true
+	dbs, err = catalogs(t.Context(), cfg, h, nil, "optimistic")
+	require.NoError(t, err)
+	require.Len(t, dbs, 3)
+	require.NotEqual(t, dbs[0], dbs[1])
+	require.NotEqual(t, dbs[1], dbs[2])
+	require.NotEqual(t, dbs[0], dbs[2])
+}

@@ -52,6 +52,12 @@ type ServiceConfig struct {
 	//
 	// default: [1]
 	Instances []int
+	// CatalogEach gives every instance a catalog of its own (a file, or a
+	// database on the PostgreSQL server) holding the same keys, loaded
+	// through each, instead of one they share; the lease store is still
+	// shared. It is a control: what running that many instances costs on
+	// this machine when none shares a catalog. It needs a Redis store.
+	CatalogEach bool
 	// Keys is the number of keys, all in one provider, pool and model.
 	Keys int
 	// Every cell is one limit (every key's max_concurrent_uses) with one
@@ -155,6 +161,10 @@ func (cfg ServiceConfig) Validate() error {
 		if !slices.ContainsFunc(ServiceStrategies(), func(t Strategy) bool { return t.Name == s.Name }) {
 			return fmt.Errorf("bench: service: credpool serve has no %s lease store (have %s)", s.Name, strategyNames(ServiceStrategies()))
 		}
+		if !s.Redis && cfg.CatalogEach {
+			return fmt.Errorf("bench: service: the %s lease store lives in the catalog's file, so instances with a "+
+				"catalog each would not share their leases: use a Redis store (-strategies optimistic)", s.Name)
+		}
 		if !s.Redis && cfg.Catalog == CatalogPostgres {
 			return fmt.Errorf("bench: service: the %s lease store lives in a SQLite catalog's file, so credpool serve "+
 				"refuses it with a PostgreSQL catalog: use a Redis store (-strategies optimistic)", s.Name)
@@ -224,18 +234,14 @@ func RunService(ctx context.Context, cfg ServiceConfig) (*report.ServiceReport, 
 }
 
 // serviceCells runs every cell of one strategy on credpool serve
-// processes sharing a fresh catalog (on pg for CatalogPostgres), which it
-// stops at the end.
+// processes sharing a fresh catalog (on pg for CatalogPostgres), or each
+// with its own (CatalogEach), which it stops at the end.
 func serviceCells(ctx context.Context, cfg ServiceConfig, h *harness, pg *pgproc.Server, s Strategy, prog *progress) (_ []report.ServiceCell, err error) {
-	o := serveOptions{
-		argv: cfg.Serve, env: cfg.ServeEnv, db: filepath.Join(h.tmp, "catalog-"+s.Name+".db"),
-		internal: randomHex(), admin: randomHex(), secret: secretKey(),
+	dbs, err := catalogs(ctx, cfg, h, pg, s.Name)
+	if err != nil {
+		return nil, err
 	}
-	if pg != nil {
-		if o.db, err = newCatalogDB(ctx, pg, fmt.Sprintf("bench_%d_%s", h.id, s.Name)); err != nil {
-			return nil, err
-		}
-	}
+	o := serveOptions{argv: cfg.Serve, env: cfg.ServeEnv, internal: randomHex(), admin: randomHex(), secret: secretKey()}
 	if s.Redis {
 		o.redisURL, o.cluster = h.redis.url, cfg.RedisCluster
 	}
@@ -245,13 +251,20 @@ func serviceCells(ctx context.Context, cfg ServiceConfig, h *harness, pg *pgproc
 			err = errors.Join(err, svc.stop())
 		}
 	}()
-	// One after the other: the first migrates the fresh catalog.
-	for range slices.Max(cfg.Instances) {
+	// One after the other: the first migrates a shared catalog.
+	for _, db := range dbs {
+		o.db = db
 		svc, err := startService(ctx, o)
 		if err != nil {
 			return nil, err
 		}
 		svcs = append(svcs, svc)
+	}
+	// The instances that hold the keys in their catalogs: the first, or
+	// every one.
+	loaders := svcs[:1]
+	if cfg.CatalogEach {
+		loaders = svcs
 	}
 	// Ids of this run alone: a Redis the harness did not start may hold
 	// another service's keys.
@@ -262,7 +275,9 @@ func serviceCells(ctx context.Context, cfg ServiceConfig, h *harness, pg *pgproc
 	defer func() {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 		defer cancel()
-		err = errors.Join(err, svcs[0].deleteKeys(cctx, ids))
+		for _, svc := range loaders {
+			err = errors.Join(err, svc.deleteKeys(cctx, ids))
+		}
 	}()
 	var cells []report.ServiceCell
 	index := 0
@@ -272,7 +287,7 @@ func serviceCells(ctx context.Context, cfg ServiceConfig, h *harness, pg *pgproc
 				Keys: cfg.Keys, Limit: limit, Candidates: cfg.Keys, Choice: workload.Uniform, Order: workload.Ranked,
 				Workers: workers, HoldDist: workload.Fixed, Duration: cfg.Duration, TTL: cfg.TTL, Pause: cfg.Pause,
 			}
-			more, err := serviceCell(ctx, cfg, h, s, svcs, spec, ids, index, prog)
+			more, err := serviceCell(ctx, cfg, h, s, svcs, loaders, spec, ids, index, prog)
 			if err != nil {
 				return cells, err
 			}
@@ -283,12 +298,39 @@ func serviceCells(ctx context.Context, cfg ServiceConfig, h *harness, pg *pgproc
 	return cells, nil
 }
 
+// catalogs returns the catalog of each of the most instances of cfg, for
+// strategy: one fresh catalog for all (on pg for CatalogPostgres, else a
+// file in h's directory), or a fresh one each with CatalogEach.
+func catalogs(ctx context.Context, cfg ServiceConfig, h *harness, pg *pgproc.Server, strategy string) ([]string, error) {
+	dbs := make([]string, slices.Max(cfg.Instances))
+	for i := range dbs {
+		name := strategy
+		if cfg.CatalogEach {
+			name = fmt.Sprintf("%s_%d", strategy, i+1)
+		} else if i > 0 {
+			dbs[i] = dbs[0]
+			continue
+		}
+		if pg == nil {
+			dbs[i] = filepath.Join(h.tmp, "catalog-"+name+".db")
+			continue
+		}
+		db, err := newCatalogDB(ctx, pg, fmt.Sprintf("bench_%d_%s", h.id, name))
+		if err != nil {
+			return nil, err
+		}
+		dbs[i] = db
+	}
+	return dbs, nil
+}
+
 // serviceCell measures one cell Reps times at every instance count, and
 // the store alone, and returns one cell per instance count. A repetition
 // runs the service at each count, fewest first, then the store, or all in
 // the reverse order, alternately. svcs are the running instances, of
-// which a run at n uses the first n; index numbers the cell for the seeds.
-func serviceCell(ctx context.Context, cfg ServiceConfig, h *harness, s Strategy, svcs []*service, spec workload.Spec,
+// which a run at n uses the first n, and loaders those whose catalogs get
+// the keys; index numbers the cell for the seeds.
+func serviceCell(ctx context.Context, cfg ServiceConfig, h *harness, s Strategy, svcs, loaders []*service, spec workload.Spec,
 	ids []string, index int, prog *progress) ([]report.ServiceCell, error) {
 	if err := spec.Validate(); err != nil {
 		return nil, fmt.Errorf("bench: service: %w", err)
@@ -297,14 +339,16 @@ func serviceCell(ctx context.Context, cfg ServiceConfig, h *harness, s Strategy,
 	cells := make([]report.ServiceCell, len(counts))
 	for i, n := range counts {
 		cells[i] = report.ServiceCell{
-			Strategy: s.Name, Catalog: cfg.Catalog, Instances: n, Keys: spec.Keys, Limit: spec.Limit, Workers: spec.Workers,
+			Strategy: s.Name, Catalog: cfg.Catalog, CatalogEach: cfg.CatalogEach && n > 1, Instances: n, Keys: spec.Keys, Limit: spec.Limit, Workers: spec.Workers,
 			Duration: spec.Duration.String(), LeaseSeconds: int(spec.TTL / time.Second), Pause: spec.Pause.String(),
 		}
 	}
-	if err := svcs[0].loadKeys(ctx, ids, spec.Limit); err != nil {
-		return nil, err
+	for _, svc := range loaders {
+		if err := svc.loadKeys(ctx, ids, spec.Limit); err != nil {
+			return nil, err
+		}
 	}
-	// Every instance grants from the catalog the first one wrote.
+	// Every instance grants from the catalog the keys were written to.
 	for _, svc := range svcs {
 		if err := svc.check(ctx, cells[0].LeaseSeconds); err != nil {
 			return nil, err

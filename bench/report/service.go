@@ -32,6 +32,9 @@ type ServiceCell struct {
 	// Catalog is where the service kept its catalog: "sqlite" (a file) or
 	// "postgres" (a fresh database per strategy on a throwaway server).
 	Catalog string `json:"catalog"`
+	// CatalogEach says that each of several instances had a catalog of
+	// its own, with the same keys, instead of one they shared (a control).
+	CatalogEach bool `json:"catalog_each,omitempty"`
 	// Instances is how many credpool serve processes shared the catalog
 	// and the lease store, the callers spread round-robin over them.
 	Instances int    `json:"instances"`
@@ -236,13 +239,27 @@ const serviceReading = `**What is measured.** *Service*: ` + "`credpool serve`" 
 // markdownSetUp says where the catalog was and how several instances
 // shared it, when either is not the plain case of one SQLite file.
 func (r *ServiceReport) markdownSetUp(b *strings.Builder) {
+	each := slices.ContainsFunc(r.Cells, func(c ServiceCell) bool { return c.CatalogEach })
 	if r.Postgres != "" {
+		opens := "one fresh database per lease store, which every instance opens"
+		if each {
+			opens = "one fresh database per lease store and instance"
+		}
 		fmt.Fprintf(b, "**The catalog in PostgreSQL.** PostgreSQL %s on loopback, started by the harness with "+
-			"fsync, synchronous_commit and full_page_writes off (its data is thrown away); one fresh database per "+
-			"lease store, which every instance opens (`--db postgres://…`, passed in the environment).\n\n", r.Postgres)
+			"fsync, synchronous_commit and full_page_writes off (its data is thrown away); %s "+
+			"(`--db postgres://…`, passed in the environment).\n\n", r.Postgres, opens)
 	}
 	fewest, most := r.instanceRange()
 	if fewest == most {
+		return
+	}
+	if each {
+		fmt.Fprintf(b, "**Instances, a catalog each.** A control: with N instances, N `credpool serve` processes share "+
+			"the lease store and the API keys, but each has a catalog of its own (\"one each\" in the tables) holding "+
+			"the same keys, loaded through each instance, so no catalog is shared. Each instance must grant once before "+
+			"anything is measured, and caller i calls instance i mod N. All %d instances run throughout, the ones a run "+
+			"does not use idle. *vs %d* is the cycles/s over those at the fewest instances, %d, in the same repetition.\n\n",
+			most, fewest, fewest)
 		return
 	}
 	fmt.Fprintf(b, "**Instances.** With N instances, N `credpool serve` processes share the catalog, the lease store "+
@@ -296,7 +313,16 @@ func (r *ServiceReport) markdownAudit(b *strings.Builder) {
 }
 
 func serviceLabel(c ServiceCell) string {
-	return fmt.Sprintf("%s on %s × %d, limit %d, %d workers", c.Strategy, c.Catalog, c.Instances, c.Limit, c.Workers)
+	return fmt.Sprintf("%s on %s × %d, limit %d, %d workers", c.Strategy, c.catalog(), c.Instances, c.Limit, c.Workers)
+}
+
+// catalog is where the cell's instances kept their catalog, as the tables
+// show it.
+func (c ServiceCell) catalog() string {
+	if c.CatalogEach {
+		return c.Catalog + ", one each"
+	}
+	return c.Catalog
 }
 
 func (r *ServiceReport) markdownMedians(b *strings.Builder) {
@@ -311,7 +337,7 @@ func (r *ServiceReport) markdownMedians(b *strings.Builder) {
 	var rows [][]string
 	for _, c := range r.Cells {
 		row := []string{
-			c.Strategy, c.Catalog, strconv.Itoa(c.Instances), strconv.Itoa(c.Keys), strconv.Itoa(c.Limit), strconv.Itoa(c.Workers),
+			c.Strategy, c.catalog(), strconv.Itoa(c.Instances), strconv.Itoa(c.Keys), strconv.Itoa(c.Limit), strconv.Itoa(c.Workers),
 			fmt.Sprintf("%d × %s", len(c.Reps), c.Duration),
 			spread(c.CyclesPerSec, fmtRate), spread(c.AllocateP50, fmtMs), spread(c.AllocateP99, fmtMs),
 			spread(c.ReportP50, fmtMs), spread(c.ReportP99, fmtMs), spread(c.StoreGrantsPerSec, fmtRate),
@@ -345,7 +371,7 @@ func (r *ServiceReport) markdownReps(b *strings.Builder) {
 				first = "service"
 			}
 			row := []string{
-				c.Strategy, c.Catalog, strconv.Itoa(c.Instances), strconv.Itoa(c.Limit), strconv.Itoa(c.Workers), strconv.Itoa(i + 1), first,
+				c.Strategy, c.catalog(), strconv.Itoa(c.Instances), strconv.Itoa(c.Limit), strconv.Itoa(c.Workers), strconv.Itoa(i + 1), first,
 				fmtRate(s.CyclesPerSec), fmtMs(s.AllocateLatency.P50), fmtMs(s.AllocateLatency.P99),
 				fmtMs(s.ReportLatency.P50), fmtMs(s.ReportLatency.P99), statuses(s.AllocateStatus),
 				statuses(s.ReportStatus), strconv.FormatInt(s.Dials, 10), s.conflictsPerCycle(), fmtRate(rep.Store.GrantsPerSec),

@@ -121,6 +121,7 @@ func parseBench(args []string) (benchArgs, error) {
 	fs.BoolVar(&b.service, "service", false, "benchmark credpool serve over HTTP against its lease store alone, on SQLite and on Redis")
 	fs.IntVar(&reps, "reps", defaultReps, "repetitions of each cell, alternating the strategies' order; tables show the median and range")
 	fs.StringVar(&b.svc.Catalog, "catalog", bench.CatalogSQLite, "-service: the catalog of credpool serve: sqlite (a file) or postgres (a throwaway PostgreSQL server on loopback; needs -strategies optimistic)")
+	fs.BoolVar(&b.svc.CatalogEach, "catalog-each", false, "-service: give each instance a catalog of its own with the same keys, instead of one they share (a control for what sharing costs; needs -strategies optimistic)")
 	fs.Func("instances", "-service: credpool serve processes sharing the catalog and Redis, each count measured in the same repetitions, e.g. 1,3 (default 1)", func(v string) (err error) {
 		b.svc.Instances, err = parseInts("instances", v)
 		return err
@@ -158,7 +159,7 @@ func parseBench(args []string) (benchArgs, error) {
 		})
 		return b, err
 	}
-	for _, name := range []string{"catalog", "instances"} {
+	for _, name := range []string{"catalog", "catalog-each", "instances"} {
 		if set[name] {
 			return b, fmt.Errorf("bench: -%s needs -service", name)
 		}

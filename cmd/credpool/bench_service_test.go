@@ -103,6 +103,30 @@ func TestBenchServicePostgresInstances(t *testing.T) {
 	require.Contains(t, string(md), "| service/store | vs 1 |")
 }
 
+// The control with a catalog each: two instances, each with a SQLite
+// file of its own holding the keys, on one real redis-server. Both grant
+// (an instance without the keys would answer 404), the limit holds
+// across them, and the report says which catalogs they had.
+func TestBenchServiceCatalogEach(t *testing.T) {
+	rep, out := runServiceBench(t, "-strategies", "optimistic", "-catalog-each", "-instances", "1,2",
+		"-duration", "300ms", "-reps", "1", "-workers", "4", "-keys", "2", "-limits", "1")
+	require.Len(t, rep.Cells, 2)
+	require.False(t, rep.Cells[0].CatalogEach, "one instance has the one catalog")
+	require.True(t, rep.Cells[1].CatalogEach)
+	s := rep.Cells[1].Reps[0].Service
+	require.Len(t, s.InstanceCycles, 2)
+	for k, n := range s.InstanceCycles {
+		require.Positive(t, n, "instance %d granted nothing: %s", k, s.FirstError)
+	}
+	require.Equal(t, s.Cycles, s.AllocateStatus["200"], "every answer a grant: %v", s.AllocateStatus)
+	require.True(t, s.Audit.OK(), "%+v", s.Audit)
+	md, err := os.ReadFile(filepath.Join(out, report.MarkdownFile))
+	require.NoError(t, err)
+	require.Contains(t, string(md), "**Instances, a catalog each.**")
+	require.Contains(t, string(md), "| optimistic | sqlite, one each | 2 |")
+	require.Contains(t, string(md), "| optimistic | sqlite | 1 |")
+}
+
 // runServiceBench runs "credpool bench -service" with args, this test
 // binary standing in for credpool serve (TestMain lets it), and returns
 // the report and the directory it was written to. It checks that the run
@@ -197,6 +221,8 @@ func TestBenchServiceFlags(t *testing.T) {
 		{[]string{"-strategies", "lua,lua-gate"}, `unknown strategy "lua-gate"`},
 		{[]string{"-catalog", "postgres"}, "-catalog needs -service"},
 		{[]string{"-instances", "3"}, "-instances needs -service"},
+		{[]string{"-catalog-each", "-instances", "3"}, "-catalog-each needs -service"},
+		{[]string{"-service", "-catalog-each", "-instances", "1,2"}, "instances with a catalog each would not share their leases"},
 		{[]string{"-service", "-catalog", "postgres", "-strategies", "optimistic,sqlite"}, "the sqlite lease store lives in a SQLite catalog's file"},
 		{[]string{"-service", "-catalog", "mysql"}, `unknown catalog "mysql"`},
 		{[]string{"-service", "-instances", "1,0"}, "instances must be at least 1"},
