@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -180,10 +181,14 @@ func TestCatalogsSharedOrEach(t *testing.T) {
 	dbs, err := catalogs(t.Context(), cfg, h, nil, "optimistic")
 	require.NoError(t, err)
 	require.Equal(t, []string{dbs[0], dbs[0], dbs[0]}, dbs)
+	require.Equal(t, h.tmp, filepath.Dir(dbs[0]))
 	cfg.CatalogEach = true
 	dbs, err = catalogs(t.Context(), cfg, h, nil, "optimistic")
 	require.NoError(t, err)
 	require.Len(t, dbs, 3)
+	for _, db := range dbs {
+		require.Equal(t, h.tmp, filepath.Dir(db))
+	}
 	require.NotEqual(t, dbs[0], dbs[1])
 	require.NotEqual(t, dbs[1], dbs[2])
 	require.NotEqual(t, dbs[0], dbs[2])

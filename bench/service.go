@@ -47,7 +47,8 @@ type ServiceConfig struct {
 	// default: CatalogSQLite
 	Catalog string
 	// Instances are the numbers of credpool serve processes, sharing the
-	// catalog and the lease store, that every cell is measured with, in
+	// lease store and the catalog (unless CatalogEach), that every cell is
+	// measured with, in
 	// the same repetitions; the callers are spread round-robin over them.
 	//
 	// default: [1]
@@ -151,6 +152,8 @@ func (cfg ServiceConfig) Validate() error {
 		return fmt.Errorf("bench: service: unknown catalog %q (have %s, %s)", cfg.Catalog, CatalogSQLite, CatalogPostgres)
 	case slices.Min(cfg.Instances) < 1:
 		return errors.New("bench: service: instances must be at least 1")
+	case cfg.CatalogEach && slices.Max(cfg.Instances) < 2:
+		return errors.New("bench: service: a catalog each needs more than one instance (-instances 1,3)")
 	}
 	for i, n := range cfg.Instances {
 		if slices.Contains(cfg.Instances[:i], n) {
@@ -175,7 +178,8 @@ func (cfg ServiceConfig) Validate() error {
 
 // RunService measures every cell on every strategy: it starts the most
 // instances of credpool serve on the strategy's store and a fresh
-// catalog, loads the keys through the first one's admin API, runs the
+// catalog (or one each, CatalogEach), loads the keys through the first
+// one's admin API (each one's, with CatalogEach), runs the
 // service unmeasured for a moment, and in each repetition runs the
 // service's closed loop (allocate, then report success, which releases)
 // at every instance count and the store's alone (Allocate, then Release
@@ -374,7 +378,10 @@ func serviceCell(ctx context.Context, cfg ServiceConfig, h *harness, s Strategy,
 		}
 		for _, i := range turns {
 			if i < len(counts) {
-				what := fmt.Sprintf("service %s on %s × %d %s", s.Name, cfg.Catalog, counts[i], label)
+				what := fmt.Sprintf("service %s on %s × %d %s", s.Name, cells[i].Catalog, counts[i], label)
+				if cells[i].CatalogEach {
+					what = fmt.Sprintf("service %s on %s, one each, × %d %s", s.Name, cells[i].Catalog, counts[i], label)
+				}
 				prog.start(what)
 				runs[i] = drive(ctx, svcs[:counts[i]], spec, ids, seed)
 				prog.finish(what, serviceSummary(runs[i]))

@@ -19,9 +19,9 @@ import (
 // store's longest-waiting caller, as it said plus the time since, has
 // waited turnSlack longer than this store's own (or this one has none
 // waiting); then it frees the slot and its notice names that store ("to"):
-// only that store wakes a caller, and every store that hears the notice
-// (the releasing one too) counts it as just served until it speaks again,
-// so that the releases of several processes do not all pick the same line.
+// only that store wakes a caller, and the releasing store and every store
+// that hears the notice count it as just served until it speaks again, so
+// that the releases of several processes do not all pick the same line.
 // So a slot stays in a process for runs of one-round-trip handoffs, no
 // process's line falls further behind than turnSlack plus an
 // announcement's lag, and a freed slot is tried by one process instead of
@@ -76,7 +76,8 @@ const maxWaited = time.Hour
 
 // waiting is what a store last said of its callers waiting for a key,
 // heard at heard: its longest-waiting one had waited age, or none waited.
-// served is when a release here last gave it a turn.
+// served is when a release here last gave it a turn, or a notice heard
+// here named it.
 type waiting struct {
 	heard, served time.Time
 	age           time.Duration

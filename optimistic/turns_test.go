@@ -227,8 +227,8 @@ func TestMissedTurnIsPassedOn(t *testing.T) {
 // Whose turn a freed slot is, from what the store heard: its own unless
 // another's longest-waiting caller (as said, plus the time since) waited
 // turnSlack longer, or none of its own waits, parked; a store given the
-// turn counts as just served, yet is dropped once not heard from for two
-// announcements; a store that says none of its callers waits gets no
+// turn counts as just served, yet is dropped once not heard from for
+// heardWithin; a store that says none of its callers waits gets no
 // turn; and while somebody listens unannounced, or nobody was heard but
 // the store does not listen alone, every listener is told.
 func TestTurnGoesToTheLongestWaiting(t *testing.T) {

@@ -35,8 +35,9 @@ type ServiceCell struct {
 	// CatalogEach says that each of several instances had a catalog of
 	// its own, with the same keys, instead of one they shared (a control).
 	CatalogEach bool `json:"catalog_each,omitempty"`
-	// Instances is how many credpool serve processes shared the catalog
-	// and the lease store, the callers spread round-robin over them.
+	// Instances is how many credpool serve processes shared the lease
+	// store and, unless CatalogEach, the catalog, the callers spread
+	// round-robin over them.
 	Instances int    `json:"instances"`
 	Keys      int    `json:"keys"`
 	Limit     int    `json:"limit"`

@@ -122,7 +122,7 @@ func parseBench(args []string) (benchArgs, error) {
 	fs.IntVar(&reps, "reps", defaultReps, "repetitions of each cell, alternating the strategies' order; tables show the median and range")
 	fs.StringVar(&b.svc.Catalog, "catalog", bench.CatalogSQLite, "-service: the catalog of credpool serve: sqlite (a file) or postgres (a throwaway PostgreSQL server on loopback; needs -strategies optimistic)")
 	fs.BoolVar(&b.svc.CatalogEach, "catalog-each", false, "-service: give each instance a catalog of its own with the same keys, instead of one they share (a control for what sharing costs; needs -strategies optimistic)")
-	fs.Func("instances", "-service: credpool serve processes sharing the catalog and Redis, each count measured in the same repetitions, e.g. 1,3 (default 1)", func(v string) (err error) {
+	fs.Func("instances", "-service: credpool serve processes sharing Redis and the catalog (unless -catalog-each), each count measured in the same repetitions, e.g. 1,3 (default 1)", func(v string) (err error) {
 		b.svc.Instances, err = parseInts("instances", v)
 		return err
 	})

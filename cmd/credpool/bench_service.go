@@ -19,7 +19,9 @@ const (
 )
 
 // servicePostgresStrategies are -service's default lease stores with
-// -catalog postgres: the SQLite store cannot run on it.
+// -catalog postgres or -catalog-each: the SQLite store keeps its leases
+// in the catalog, so it cannot run on PostgreSQL, nor share leases
+// between catalogs.
 const servicePostgresStrategies = "optimistic"
 
 // serviceFlags are the harness flags' values as -service reads them.
@@ -59,7 +61,7 @@ func parseService(cfg *bench.ServiceConfig, set map[string]bool, f serviceFlags)
 	}
 	if !set["strategies"] {
 		f.strategies = serviceStrategies
-		if cfg.Catalog == bench.CatalogPostgres {
+		if cfg.Catalog == bench.CatalogPostgres || cfg.CatalogEach {
 			f.strategies = servicePostgresStrategies
 		}
 	}

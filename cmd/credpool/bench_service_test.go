@@ -108,8 +108,9 @@ func TestBenchServicePostgresInstances(t *testing.T) {
 // (an instance without the keys would answer 404), the limit holds
 // across them, and the report says which catalogs they had.
 func TestBenchServiceCatalogEach(t *testing.T) {
-	rep, out := runServiceBench(t, "-strategies", "optimistic", "-catalog-each", "-instances", "1,2",
-		"-duration", "300ms", "-reps", "1", "-workers", "4", "-keys", "2", "-limits", "1")
+	rep, out := runServiceBench(t, "-catalog-each", "-instances", "1,2",
+		"-duration", "500ms", "-reps", "1", "-workers", "4", "-keys", "2", "-limits", "1")
+	require.Equal(t, []string{"optimistic"}, rep.Env.Strategies, "the default store with a catalog each")
 	require.Len(t, rep.Cells, 2)
 	require.False(t, rep.Cells[0].CatalogEach, "one instance has the one catalog")
 	require.True(t, rep.Cells[1].CatalogEach)
@@ -118,7 +119,8 @@ func TestBenchServiceCatalogEach(t *testing.T) {
 	for k, n := range s.InstanceCycles {
 		require.Positive(t, n, "instance %d granted nothing: %s", k, s.FirstError)
 	}
-	require.Equal(t, s.Cycles, s.AllocateStatus["200"], "every answer a grant: %v", s.AllocateStatus)
+	require.Equal(t, s.Cycles, s.AllocateStatus["200"], "every grant became a cycle: %v", s.AllocateStatus)
+	require.Zero(t, s.AllocateStatus["404"], "every instance has the keys")
 	require.True(t, s.Audit.OK(), "%+v", s.Audit)
 	md, err := os.ReadFile(filepath.Join(out, report.MarkdownFile))
 	require.NoError(t, err)
@@ -222,7 +224,8 @@ func TestBenchServiceFlags(t *testing.T) {
 		{[]string{"-catalog", "postgres"}, "-catalog needs -service"},
 		{[]string{"-instances", "3"}, "-instances needs -service"},
 		{[]string{"-catalog-each", "-instances", "3"}, "-catalog-each needs -service"},
-		{[]string{"-service", "-catalog-each", "-instances", "1,2"}, "instances with a catalog each would not share their leases"},
+		{[]string{"-service", "-catalog-each", "-instances", "1,2", "-strategies", "sqlite"}, "instances with a catalog each would not share their leases"},
+		{[]string{"-service", "-catalog-each"}, "a catalog each needs more than one instance"},
 		{[]string{"-service", "-catalog", "postgres", "-strategies", "optimistic,sqlite"}, "the sqlite lease store lives in a SQLite catalog's file"},
 		{[]string{"-service", "-catalog", "mysql"}, `unknown catalog "mysql"`},
 		{[]string{"-service", "-instances", "1,0"}, "instances must be at least 1"},
