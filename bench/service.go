@@ -48,8 +48,8 @@ type ServiceConfig struct {
 	Catalog string
 	// Instances are the numbers of credpool serve processes, sharing the
 	// lease store and the catalog (unless CatalogEach), that every cell is
-	// measured with, in
-	// the same repetitions; the callers are spread round-robin over them.
+	// measured with, in the same repetitions; the callers are spread
+	// round-robin over them.
 	//
 	// default: [1]
 	Instances []int
