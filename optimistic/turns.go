@@ -142,10 +142,16 @@ func (s *Store) turn(keyID string) (to string, expect int64) {
 	if own, ok := s.queue.oldest(keyID); ok && age < own+s.turnSlack {
 		return s.id, 0
 	}
-	w := sub.others[oldest]
-	w.served = time.Now()
-	sub.others[oldest] = w
+	sub.serve(oldest)
 	return oldest, expect
+}
+
+// serve marks store, if heard waiting for sub's key, as just given a turn.
+func (sub *subscription) serve(store string) {
+	if w, ok := sub.others[store]; ok {
+		w.served = time.Now()
+		sub.others[store] = w
+	}
 }
 
 // turnTo notes that another release gave store a turn on keyID: it
@@ -155,10 +161,7 @@ func (n *notices) turnTo(keyID, store string) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if sub := n.subs[keyID]; sub != nil {
-		if w, ok := sub.others[store]; ok {
-			w.served = time.Now()
-			sub.others[store] = w
-		}
+		sub.serve(store)
 	}
 }
 

@@ -376,3 +376,35 @@ func TestTurnOfACutOffProcessIsPassedOn(t *testing.T) {
 	require.NoError(t, a.Release(ctx, held.LeaseRef))
 	require.Eventually(t, func() bool { return len(pc.wake) == 1 }, 10*time.Second, time.Millisecond, "c is told")
 }
+
+// A process that stops announcing (cut off from Redis by the fault proxy,
+// so it says nothing, not even "left") is forgotten once heardWithin has
+// passed, and a release no longer names it; while it announces it stays
+// known, however long it waits.
+func TestSilentProcessIsForgotten(t *testing.T) {
+	srv := redistest.Start(t)
+	proxy := redistest.NewProxy(t, srv.Addr)
+	a := storeOn(t, redis.NewClient(&redis.Options{Addr: srv.Addr}))
+	b := storeOn(t, redis.NewClient(&redis.Options{Addr: proxy.Addr, MaxRetries: -1}))
+	for _, s := range []*Store{a, b} {
+		s.announceEvery, s.heardWithin = 10*time.Millisecond, time.Second
+	}
+	ctx := t.Context()
+	require.NoError(t, a.SyncKey(ctx, KeyState{ID: "k", Provider: "openai", Pool: "default", Status: StatusAvailable, MaxConcurrentUses: 1}))
+	place(t, a)
+	parkIn(t, b, place(t, b))
+	require.Eventually(t, func() bool {
+		to, _ := a.turn("k")
+		return to == b.id
+	}, 10*time.Second, time.Millisecond, "b said its caller waits")
+	for end := time.Now().Add(2 * a.heardWithin); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+		to, _ := a.turn("k")
+		require.Equal(t, b.id, to, "b announces: known, and its caller waits longer than a's none")
+	}
+
+	proxy.SetDown(true)
+	require.Eventually(t, func() bool {
+		to, _ := a.turn("k")
+		return to != b.id && !knows(a, b.id)
+	}, 10*time.Second, 10*time.Millisecond, "b is silent: forgotten")
+}
