@@ -4,6 +4,8 @@ import (
 	"context"
 	"strconv"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // Turns across processes. A release in a process whose callers wait for
@@ -236,6 +238,10 @@ func (n *notices) say(s *Store, keyID, what string) {
 
 // send sends the queued announcements, all that are queued in one
 // pipeline, until none is left. The waits they give are read as they go.
+// It may run while the caller closes its client: through a client that
+// routes commands itself (a Ring), whose pipeline panics if the Ring
+// closes meanwhile (go-redis v9.23 reads its shards without checking),
+// each announcement goes alone, and fails quietly once it is closed.
 func (n *notices) send(s *Store) {
 	for {
 		n.mu.Lock()
@@ -249,15 +255,24 @@ func (n *notices) send(s *Store) {
 		}
 		n.mu.Unlock()
 		ctx, cancel := context.WithTimeout(context.Background(), unwatchTimeout)
-		p := s.rdb.Pipeline()
+		var p redis.Pipeliner
+		if _, ring := s.rdb.(*redis.Ring); !ring {
+			p = s.rdb.Pipeline()
+		}
 		for _, a := range batch {
 			payload := s.id + " " + a.what
 			if age, ok := s.queue.oldest(a.keyID); ok && a.what != noticeLeft {
 				payload += " " + strconv.FormatInt(age.Milliseconds(), 10)
 			}
-			p.Do(ctx, "spublish", s.keys.Turns(a.keyID), payload)
+			if p == nil {
+				_ = s.rdb.Do(ctx, "spublish", s.keys.Turns(a.keyID), payload).Err()
+			} else {
+				p.Do(ctx, "spublish", s.keys.Turns(a.keyID), payload)
+			}
 		}
-		_, _ = p.Exec(ctx)
+		if p != nil {
+			_, _ = p.Exec(ctx)
+		}
 		cancel()
 	}
 }

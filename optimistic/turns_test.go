@@ -3,6 +3,8 @@ package optimistic
 import (
 	"context"
 	"errors"
+	"math/rand/v2"
+	"runtime"
 	"testing"
 	"time"
 
@@ -407,4 +409,48 @@ func TestSilentProcessIsForgotten(t *testing.T) {
 		to, _ := a.turn("k")
 		return to != b.id && !knows(a, b.id)
 	}, 10*time.Second, 10*time.Millisecond, "b is silent: forgotten")
+}
+
+// Announcements go out in the background, so they may be sent while the
+// caller closes its client (a "left" queued as the last waiter leaves, a
+// "waits" due). Through a Ring, whose pipelines can panic when it closes
+// meanwhile (go-redis v9.23 reads its shards without checking), that must
+// fail quietly, not crash the process: announcements keep being queued
+// while the Ring closes, many times over.
+func TestAnnouncementsWhileRingCloses(t *testing.T) {
+	srv := redistest.Start(t)
+	for range 100 {
+		ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"only": srv.Addr}})
+		s, err := New(ring, nil)
+		require.NoError(t, err)
+		require.NoError(t, s.SyncKey(t.Context(), KeyState{ID: "k", Provider: "openai", Pool: "default", Status: StatusAvailable, MaxConcurrentUses: 1}))
+		p, err := s.Await(t.Context(), []string{"k"})
+		require.NoError(t, err)
+		stop := make(chan struct{})
+		said := make(chan struct{})
+		go func() {
+			defer close(said)
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				s.notices.mu.Lock()
+				s.notices.say(s, "k", noticeWaits)
+				s.notices.mu.Unlock()
+				runtime.Gosched()
+			}
+		}()
+		time.Sleep(time.Duration(rand.N(3000)) * time.Microsecond)
+		require.NoError(t, ring.Close())
+		close(stop)
+		<-said
+		p.Leave()
+		require.Eventually(t, func() bool {
+			s.notices.mu.Lock()
+			defer s.notices.mu.Unlock()
+			return !s.notices.saying && len(s.notices.said) == 0
+		}, 10*time.Second, time.Millisecond, "every announcement sent, or tried")
+	}
 }
