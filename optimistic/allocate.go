@@ -37,6 +37,8 @@ import (
 // after the rest. Calls of this process waiting for a candidate's turn may
 // be granted by the call holding it, in its own MULTI, when the key has
 // room for them too (see ticket): one read and one EXEC for several grants.
+// When it has none, the calls of callers that wait in line for a slot
+// (WithWaiting) take that read as their own.
 //
 // On Redis Cluster, a candidate whose master does not answer, or whose
 // grant too few replicas acknowledged (Options.MinReplicas; the grant is
@@ -71,7 +73,7 @@ func (s *Store) allocate(ctx context.Context, req AllocateRequest) (Lease, Stats
 	var st Stats
 	// One lease id per call: if an EXEC reply is lost, the next read finds
 	// this id and returns the same lease instead of taking a second slot.
-	a := allocation{Store: s, req: req, leaseID: uuid.NewString(), stats: &st, todo: distinct(req.Candidates)}
+	a := allocation{Store: s, req: req, waits: IsWaiting(ctx), leaseID: uuid.NewString(), stats: &st, todo: distinct(req.Candidates)}
 	a.member = rs.Member(a.leaseID, req.Provider, req.Pool)
 	err := s.retry(ctx, func() error { return a.pass(ctx) })
 	if err != nil {
@@ -84,6 +86,7 @@ func (s *Store) allocate(ctx context.Context, req AllocateRequest) (Lease, Stats
 type allocation struct {
 	*Store
 	req     AllocateRequest
+	waits   bool // the caller waits in line for a slot (WithWaiting)
 	leaseID string
 	member  string // leaseID's member in a lease ZSET (redisschema.Member)
 	stats   *Stats
@@ -197,6 +200,7 @@ type verdict struct {
 	until   int64 // lease expiry (ms)
 	fence   int64
 	pruned  int       // expired leases the commit removed
+	full    bool      // read with no slot for this call's provider and pool
 	free    int64     // skipped: when it frees up (ms), 0 if never by itself
 	held    bool      // free is when a held lease ends
 	batch   []*ticket // waiting calls the commit granted too (see ticket)
@@ -226,6 +230,10 @@ func (a *allocation) try(ctx context.Context, c *conns, keyID string, wait bool)
 		if done {
 			a.notes.won(keyID)
 			return true, nil
+		}
+		if errors.Is(err, errSeenFull) {
+			a.notes.skipped(keyID)
+			return false, nil
 		}
 	} else {
 		release, err = a.enter(ctx, keyID, wait)
@@ -261,6 +269,9 @@ func (a *allocation) try(ctx context.Context, c *conns, keyID string, wait bool)
 		a.pending = keyID
 	}
 	a.full.Merge(fromMillis(v.free), v.held)
+	if v.full && err == nil {
+		a.lines.deny(keyID, a.req.Provider, a.req.Pool, v.free, v.held)
+	}
 	if errors.Is(err, errUnreplicated) {
 		// Nobody may hold these leases. The tickets' calls go back in
 		// line, and find the give-back done when the turn is theirs.
@@ -387,6 +398,7 @@ func (a *allocation) decide(ctx context.Context, t *txn, keyID string) (verdict,
 			return v, nil
 		}
 		if !Usable(k.status, k.cooldown, now) || ls.live >= k.limit {
+			v.full = true
 			v.free, v.held = freeAt(k, ls, now)
 			return v, nil
 		}

@@ -2,9 +2,15 @@ package optimistic
 
 import (
 	"context"
+	"errors"
+	"math"
 	"slices"
 	"sync"
 )
+
+// errSeenFull says that the call holding a key's turn read it with no
+// slot for the caller (see ticket).
+var errSeenFull = errors.New("optimistic: key read full by the call holding its turn")
 
 // maxBatch bounds the calls one grant serves besides its own, so that one
 // MULTI stays small whatever the key's limit.
@@ -21,16 +27,31 @@ const maxBatch = 16
 // A ticket whose holder's EXEC reply was lost is rechecked by its own call
 // (see allocation.pending), as a lost reply of its own would be; one
 // whose EXEC aborted, or wrote nothing, goes back to waiting for the turn.
+//
+// A holder that reads the key full, or unusable, answers with that read
+// the tickets of its provider and pool whose callers wait in line for a
+// slot (WithWaiting): they go on to their other candidates, or back to
+// waiting, at once, instead of each waiting for the turn to read the same
+// answer, one round trip after the other (64 callers arriving at once on
+// one hot key took up to 100 ms so, where the line is 20 ms long). A
+// release after that read wakes one of them, as it would after a read of
+// its own: they are in line already. Retrying callers read for
+// themselves: told "no slot" at once, they came back together after their
+// pause, found the key full again, and got fewer grants in all.
 type ticket struct {
 	provider, pool string
 	member         string // the call's member in the lease ZSET
 	ttlMillis      int64
+	waits          bool // its caller waits in line (see deny)
 
 	// Set by the holder that claimed it, before done is closed.
 	granted bool
 	recheck bool // the EXEC's outcome is unknown
 	until   int64
 	fence   int64
+	full    bool  // the holder read the key with no slot (see deny)
+	free    int64 // then when it frees up (ms), 0 if never by itself
+	held    bool  // free is when a held lease ends
 	done    chan struct{}
 	wake    context.CancelFunc // ends the owner's wait for the turn
 }
@@ -69,13 +90,18 @@ func (l *lines) withdraw(keyID string, t *ticket) bool {
 // claim takes up to n tickets of keyID's line, in order, that member
 // accepts (the key's provider and pool).
 func (l *lines) claim(keyID string, n int, member func(provider, pool string) bool) []*ticket {
+	return l.take(keyID, n, func(t *ticket) bool { return member(t.provider, t.pool) })
+}
+
+// take takes up to n tickets of keyID's line, in order, that want.
+func (l *lines) take(keyID string, n int, want func(*ticket) bool) []*ticket {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	var out []*ticket
 	line := l.m[keyID]
 	kept := line[:0]
 	for _, t := range line {
-		if len(out) < n && member(t.provider, t.pool) {
+		if len(out) < n && want(t) {
 			out = append(out, t)
 			continue
 		}
@@ -107,6 +133,20 @@ func settleTickets(ts []*ticket, granted, recheck bool) {
 	}
 }
 
+// deny answers the tickets in keyID's line of provider and pool whose
+// callers wait in line with a read of the key that found no slot for
+// them: free and held as freeAt says.
+func (l *lines) deny(keyID, provider, pool string, free int64, held bool) {
+	ts := l.take(keyID, math.MaxInt, func(t *ticket) bool {
+		return t.waits && t.provider == provider && t.pool == pool
+	})
+	for _, t := range ts {
+		t.full, t.free, t.held = true, free, held
+		close(t.done)
+		t.wake()
+	}
+}
+
 // queueFor waits for keyID's turn, holding a ticket in its line meanwhile,
 // and returns the turn's release; or, if a holder of the turn granted the
 // ticket first, it returns granted with the lease set (or errRecheck, with
@@ -123,7 +163,7 @@ func (a *allocation) queueFor(ctx context.Context, keyID string) (release func()
 		wait, wake := context.WithCancel(ctx)
 		t := &ticket{
 			provider: a.req.Provider, pool: a.req.Pool, member: a.member,
-			ttlMillis: a.req.TTL.Milliseconds(), done: make(chan struct{}), wake: wake,
+			ttlMillis: a.req.TTL.Milliseconds(), waits: a.waits, done: make(chan struct{}), wake: wake,
 		}
 		a.lines.post(keyID, t)
 		turn, enterErr := a.gates.Enter(wait, keyID)
@@ -150,6 +190,9 @@ func (a *allocation) queueFor(ctx context.Context, keyID string) (release func()
 		case t.recheck:
 			a.pending = keyID
 			return nil, false, errRecheck
+		case t.full:
+			a.full.Merge(fromMillis(t.free), t.held)
+			return nil, false, errSeenFull
 		case t.granted:
 			a.grant(keyID, t.until, t.fence)
 			return nil, true, nil

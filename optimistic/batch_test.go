@@ -24,6 +24,7 @@ type allocated struct {
 	stats Stats
 	err   error
 	pool  string // asked for
+	i     int    // place in line (lineUpCalls)
 }
 
 // keyStore is a Store on rdb with opts and key k (provider p, pool
@@ -40,15 +41,35 @@ func keyStore(t *testing.T, rdb redis.UniversalClient, opts *Options) *Store {
 // after the other in its line; they report on the channel returned, and
 // release lets them go.
 func lineUp(t *testing.T, s *Store, pools ...string) (out chan allocated, release func()) {
+	calls := make([]lineCall, len(pools))
+	for i, pool := range pools {
+		calls[i].pool = pool
+	}
+	return lineUpCalls(t, s, calls...)
+}
+
+// lineCall is one allocation of k that lineUpCalls starts: of pool, and
+// marked WithWaiting if waits.
+type lineCall struct {
+	pool  string
+	waits bool
+}
+
+// lineUpCalls is lineUp for calls.
+func lineUpCalls(t *testing.T, s *Store, calls ...lineCall) (out chan allocated, release func()) {
 	t.Helper()
 	release, err := s.enter(t.Context(), "k", true)
 	require.NoError(t, err)
-	out = make(chan allocated, len(pools))
-	for _, pool := range pools {
+	out = make(chan allocated, len(calls))
+	for i, c := range calls {
 		want := s.lines.lineLen("k") + 1
 		go func() {
-			l, st, err := s.Allocate(t.Context(), AllocateRequest{Provider: "p", Pool: pool, Candidates: []string{"k"}, TTL: time.Minute})
-			out <- allocated{l, st, err, pool}
+			ctx := t.Context()
+			if c.waits {
+				ctx = WithWaiting(ctx)
+			}
+			l, st, err := s.Allocate(ctx, AllocateRequest{Provider: "p", Pool: c.pool, Candidates: []string{"k"}, TTL: time.Minute})
+			out <- allocated{lease: l, stats: st, err: err, pool: c.pool, i: i}
 		}()
 		require.Eventually(t, func() bool { return s.lines.lineLen("k") == want }, 5*time.Second, time.Millisecond)
 	}
@@ -156,4 +177,43 @@ func TestCallLeavingTheLineTakesNoSlot(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 1, st.Attempts)
 	requireLive(t, s, 1)
+}
+
+// A call that reads a key full answers with that read the calls in line
+// for its turn whose callers wait for a slot (WithWaiting), of its
+// provider and pool: they learn it without a read of their own, and when
+// it frees up. A retrying caller's call, and a call of another pool,
+// still read for themselves.
+func TestFullReadAnswersWaitingCallsInLine(t *testing.T) {
+	s := keyStore(t, redistest.Start(t).Client(t), nil)
+	for range 5 {
+		_, _, err := s.Allocate(t.Context(), AllocateRequest{Provider: "p", Pool: "default", Candidates: []string{"k"}, TTL: time.Minute})
+		require.NoError(t, err)
+	}
+	out, release := lineUpCalls(t, s,
+		lineCall{pool: "default", waits: true}, // holds the turn next: reads
+		lineCall{pool: "default"},              // retrying: reads
+		lineCall{pool: "default", waits: true}, // told
+		lineCall{pool: "vip", waits: true},     // another pool: reads
+		lineCall{pool: "default", waits: true}, // told
+	)
+	release()
+	got := make([]allocated, 5)
+	for range got {
+		a := <-out
+		got[a.i] = a
+	}
+	var first *CapacityError
+	require.ErrorAs(t, got[0].err, &first)
+	require.False(t, first.FreeAt.IsZero(), "frees when a lease ends")
+	for i, want := range []int{1, 1, 0, 1, 0} {
+		require.ErrorIs(t, got[i].err, ErrNoCapacity, "call %d", i)
+		require.Equal(t, want, got[i].stats.Attempts, "call %d: reads", i)
+		if want == 0 {
+			var full *CapacityError
+			require.ErrorAs(t, got[i].err, &full)
+			require.Equal(t, first.FreeAt, full.FreeAt, "call %d: when it frees up, as read", i)
+		}
+	}
+	requireLive(t, s, 5)
 }

@@ -51,7 +51,7 @@ func TestDecideLeavesCallStateAlone(t *testing.T) {
 	// A skip after another one, so that there is something to keep.
 	a.full = CapacityError{FreeAt: held.Until.Add(time.Hour), Held: false}
 	v := decideOn(a, st, "full")
-	require.Equal(t, verdict{settled: true, free: held.Until.UnixMilli(), held: true}, v, "skipped: when its lease ends")
+	require.Equal(t, verdict{settled: true, full: true, free: held.Until.UnixMilli(), held: true}, v, "skipped: full, free when its lease ends")
 
 	v = decideOn(a, st, "free")
 	require.True(t, v.granted)

@@ -27,7 +27,7 @@ func startWaiter(t *testing.T, s *Store, n int) waiter {
 	w := waiter{done: make(chan allocated, 1), cancel: cancel}
 	go func() {
 		l, st, err := s.Allocate(ctx, waitReq(time.Minute))
-		w.done <- allocated{l, st, err, "default"}
+		w.done <- allocated{lease: l, stats: st, err: err, pool: "default"}
 	}()
 	require.Eventually(t, func() bool { return parked(s) == n && subscribed(s, "k") }, 10*time.Second, time.Millisecond)
 	return w

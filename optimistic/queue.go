@@ -365,9 +365,9 @@ func (p *Place) Leave() {
 // ended meanwhile, and the slot is the caller's (Handed). Between tries it
 // waits in p's place for a wake-up, the capacity error's FreeAt (for the
 // caller first in line), or WaitPoll (only the first in line asks again
-// then), whichever comes first. No try starts
-// after until, so a caller that bounds its work at until plus one try's
-// time gets the answer, not its own deadline. A caller behind others in
+// then), whichever comes first. try's ctx is marked WithWaiting. No try
+// starts after until, so a caller that bounds its work at until plus one
+// try's time gets the answer, not its own deadline. A caller behind others in
 // line waits for its turn before its first try, and tries once even if
 // until passed meanwhile. If ctx ends while it waits, it returns ctx's
 // error, having taken nothing but a slot handed over meanwhile.
@@ -376,6 +376,7 @@ func (p *Place) Retry(ctx context.Context, until time.Time, try func(context.Con
 		full *CapacityError
 		last error
 	)
+	ctx = WithWaiting(ctx)
 	for wait := p.Behind(); ; wait = true {
 		if wait {
 			woken, err := p.wait(ctx, p.next(full, until))
@@ -407,6 +408,32 @@ func (p *Place) Retry(ctx context.Context, until time.Time, try func(context.Con
 		errors.As(err, &full)
 		last = err
 	}
+}
+
+// waitingKey marks the context of a caller that waits for a slot when it
+// finds none (see WithWaiting).
+type waitingKey struct{}
+
+// WithWaiting returns a copy of ctx that marks the Allocate calls under it
+// as the tries of a caller that, finding no slot, waits in line for one
+// (AllocateWaiting and Place.Retry mark their own; a caller that runs its
+// own first try before Await, as credpool's broker does, marks that one).
+// Such a call takes the word of the call of this process holding a
+// candidate's turn that the candidate is full, instead of waiting for the
+// turn to read it again itself (see Store.Allocate). A caller that
+// retries after "no slot" should not be marked: it does better reading
+// for itself.
+func WithWaiting(ctx context.Context) context.Context {
+	if IsWaiting(ctx) {
+		return ctx
+	}
+	return context.WithValue(ctx, waitingKey{}, true)
+}
+
+// IsWaiting reports whether ctx is marked WithWaiting.
+func IsWaiting(ctx context.Context) bool {
+	v, _ := ctx.Value(waitingKey{}).(bool)
+	return v
 }
 
 // NotYet reports whether err says "no slot now, perhaps soon": no free

@@ -67,6 +67,7 @@ func AllocateWaiting(ctx context.Context, w Waiter, req AllocateRequest, allocat
 	var st Stats
 	until := time.Now().Add(req.Wait)
 	req.Wait = 0
+	ctx = WithWaiting(ctx)
 	if w.Waiting() == 0 {
 		// Nobody waits here: a free slot is taken without listening for
 		// notices first. Only a caller that found no room joins the line

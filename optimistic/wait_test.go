@@ -428,3 +428,18 @@ func TestWaiterSurvivesCutSubscription(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 1, infos[0].Live)
 }
+
+// Every try of a waiting call is marked WithWaiting, the first (before it
+// joins the line) too; the caller's own ctx is left as it was.
+func TestWaitingTriesAreMarked(t *testing.T) {
+	s := keyStore(t, redistest.Start(t).Client(t), nil)
+	var marks []bool
+	_, _, err := AllocateWaiting(t.Context(), s, waitReq(30*time.Millisecond), func(ctx context.Context, req AllocateRequest) (Lease, Stats, error) {
+		marks = append(marks, IsWaiting(ctx))
+		return Lease{}, Stats{}, &CapacityError{}
+	})
+	require.ErrorIs(t, err, ErrNoCapacity)
+	require.GreaterOrEqual(t, len(marks), 2, "the first try, and one in line")
+	require.NotContains(t, marks, false)
+	require.False(t, IsWaiting(t.Context()))
+}

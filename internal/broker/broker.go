@@ -438,6 +438,7 @@ func (b *Broker) allocate(ctx context.Context, req Request, model string) (Grant
 		return Grant{}, fmt.Errorf("%w: wait: this lease store cannot wait for a slot", optimistic.ErrInvalid)
 	}
 	until := time.Now().Add(req.Wait)
+	ctx = optimistic.WithWaiting(ctx)
 	var st optimistic.Stats
 	if w.Waiting() == 0 {
 		// Nobody waits here: no need to listen for a free slot first (see

@@ -156,6 +156,7 @@ type allocCall struct {
 	order   []string // the candidates, in the order given
 	granted string   // key id, "" if none
 	err     error
+	waits   bool // marked optimistic.WithWaiting
 }
 
 // hookStore is the real lease store with Allocate wrapped: fault, if set,
@@ -251,7 +252,7 @@ func (s *hookStore) Allocate(ctx context.Context, req optimistic.AllocateRequest
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.calls = append(s.calls, allocCall{pool: req.Pool, order: slices.Clone(req.Candidates), granted: l.KeyID, err: err})
+	s.calls = append(s.calls, allocCall{pool: req.Pool, order: slices.Clone(req.Candidates), granted: l.KeyID, err: err, waits: optimistic.IsWaiting(ctx)})
 	return l, st, err
 }
 

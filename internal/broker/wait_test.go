@@ -70,6 +70,21 @@ func TestAllocateWaits(t *testing.T) {
 		require.Zero(t, e.store.Waiting())
 	})
 
+	t.Run("every try of a waiting request is marked waiting, others not", func(t *testing.T) {
+		e := newEnv(t, key("d", "default", 1))
+		s := &hookStore{Store: e.store}
+		b := e.broker(e.cat, s)
+		allocate(t, b, req("default"))
+		_, err := b.Allocate(t.Context(), waitingReq("default", 30*time.Millisecond))
+		capacityError(t, err)
+		calls := s.recorded()
+		require.GreaterOrEqual(t, len(calls), 3, "the grant, and the waiting request's first try and one in line")
+		require.False(t, calls[0].waits, "a request that does not wait")
+		for i, c := range calls[1:] {
+			require.True(t, c.waits, "try %d of the waiting request", i+1)
+		}
+	})
+
 	t.Run("cancelled while waiting takes nothing", func(t *testing.T) {
 		e := newEnv(t, key("d", "default", 1))
 		b := e.plain()
