@@ -37,7 +37,7 @@ import (
 // after the rest. Calls of this process waiting for a candidate's turn may
 // be granted by the call holding it, in its own MULTI, when the key has
 // room for them too (see ticket): one read and one EXEC for several grants.
-// When it has none, the calls of callers that wait in line for a slot
+// When it has none, the calls in line of callers that wait for a slot
 // (WithWaiting) take that read as their own.
 //
 // On Redis Cluster, a candidate whose master does not answer, or whose
@@ -251,6 +251,8 @@ func (a *allocation) try(ctx context.Context, c *conns, keyID string, wait bool)
 	a.stats.Attempts++
 	var v verdict
 	start := time.Now()
+	// The calls in line so far may take this read as theirs (see deny).
+	posted := a.lines.mark()
 	// Only the key HASH is watched at first (see decide).
 	err = a.watchOn(ctx, c, []string{a.keys.Key(keyID)}, func(t *txn) (err error) {
 		v, err = a.decide(ctx, t, keyID)
@@ -269,8 +271,8 @@ func (a *allocation) try(ctx context.Context, c *conns, keyID string, wait bool)
 		a.pending = keyID
 	}
 	a.full.Merge(fromMillis(v.free), v.held)
-	if v.full && err == nil {
-		a.lines.deny(keyID, a.req.Provider, a.req.Pool, v.free, v.held)
+	if v.full && err == nil && !a.opts.NoGate {
+		a.lines.deny(keyID, a.req.Provider, a.req.Pool, posted, v.free, v.held)
 	}
 	if errors.Is(err, errUnreplicated) {
 		// Nobody may hold these leases. The tickets' calls go back in

@@ -29,20 +29,23 @@ const maxBatch = 16
 // whose EXEC aborted, or wrote nothing, goes back to waiting for the turn.
 //
 // A holder that reads the key full, or unusable, answers with that read
-// the tickets of its provider and pool whose callers wait in line for a
-// slot (WithWaiting): they go on to their other candidates, or back to
-// waiting, at once, instead of each waiting for the turn to read the same
-// answer, one round trip after the other (64 callers arriving at once on
-// one hot key took up to 100 ms so, where the line is 20 ms long). A
-// release after that read wakes one of them, as it would after a read of
-// its own: they are in line already. Retrying callers read for
-// themselves: told "no slot" at once, they came back together after their
-// pause, found the key full again, and got fewer grants in all.
+// the tickets of its provider and pool whose callers wait for a slot
+// (WithWaiting) and that were posted before the read was sent: they go
+// on to their other candidates, or back to waiting, at once, instead of
+// each waiting for the turn to read the same answer, one round trip after
+// the other (see "One read answers the line" in the README). The read
+// came after the ticket, so after any wake-up its caller took: a slot
+// freed before it shows in it, and one freed after it wakes a caller in
+// line, as after a read of the caller's own. A ticket posted while the
+// read was on the wire waits for the turn and reads for itself. Retrying
+// callers always read for themselves: told "no slot" at once, they came
+// back together after their pause and got fewer grants.
 type ticket struct {
 	provider, pool string
 	member         string // the call's member in the lease ZSET
 	ttlMillis      int64
-	waits          bool // its caller waits in line (see deny)
+	waits          bool   // its caller waits for a slot (see deny)
+	seq            uint64 // its place among the tickets posted (see lines.mark)
 
 	// Set by the holder that claimed it, before done is closed.
 	granted bool
@@ -59,8 +62,9 @@ type ticket struct {
 // lines holds the tickets waiting for each key's turn in this process. It
 // is safe for concurrent use.
 type lines struct {
-	mu sync.Mutex
-	m  map[string][]*ticket
+	mu     sync.Mutex
+	m      map[string][]*ticket
+	posted uint64 // tickets posted so far
 }
 
 // post adds t to keyID's line.
@@ -70,7 +74,16 @@ func (l *lines) post(keyID string, t *ticket) {
 	if l.m == nil {
 		l.m = make(map[string][]*ticket)
 	}
+	l.posted++
+	t.seq = l.posted
 	l.m[keyID] = append(l.m[keyID], t)
+}
+
+// mark returns a mark of the tickets posted so far, for deny.
+func (l *lines) mark() uint64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.posted
 }
 
 // withdraw takes t out of keyID's line and says whether it was still
@@ -134,11 +147,12 @@ func settleTickets(ts []*ticket, granted, recheck bool) {
 }
 
 // deny answers the tickets in keyID's line of provider and pool whose
-// callers wait in line with a read of the key that found no slot for
-// them: free and held as freeAt says.
-func (l *lines) deny(keyID, provider, pool string, free int64, held bool) {
+// callers wait for a slot, posted by the time of mark (see lines.mark),
+// with a read of the key made after that which found no slot for them:
+// free and held as freeAt says.
+func (l *lines) deny(keyID, provider, pool string, mark uint64, free int64, held bool) {
 	ts := l.take(keyID, math.MaxInt, func(t *ticket) bool {
-		return t.waits && t.provider == provider && t.pool == pool
+		return t.waits && t.seq <= mark && t.provider == provider && t.pool == pool
 	})
 	for _, t := range ts {
 		t.full, t.free, t.held = true, free, held

@@ -71,7 +71,10 @@ func lineUpCalls(t *testing.T, s *Store, calls ...lineCall) (out chan allocated,
 			l, st, err := s.Allocate(ctx, AllocateRequest{Provider: "p", Pool: c.pool, Candidates: []string{"k"}, TTL: time.Minute})
 			out <- allocated{lease: l, stats: st, err: err, pool: c.pool, i: i}
 		}()
-		require.Eventually(t, func() bool { return s.lines.lineLen("k") == want }, 5*time.Second, time.Millisecond)
+		// In line, and at the turn (behind the holder and those before).
+		require.Eventually(t, func() bool {
+			return s.lines.lineLen("k") == want && s.gates.Users("k") == want+1
+		}, 5*time.Second, time.Millisecond)
 	}
 	return out, release
 }
@@ -216,4 +219,24 @@ func TestFullReadAnswersWaitingCallsInLine(t *testing.T) {
 		}
 	}
 	requireLive(t, s, 5)
+}
+
+// A holder's read answers only the tickets posted before it was sent: one
+// posted while it was on the wire (by a caller woken by a release the
+// read may not show) waits for the turn and reads for itself.
+func TestDenyAnswersOnlyTicketsPostedBeforeTheRead(t *testing.T) {
+	var l lines
+	waiting := func() *ticket {
+		return &ticket{provider: "p", pool: "default", waits: true, done: make(chan struct{}), wake: func() {}}
+	}
+	before, after := waiting(), waiting()
+	l.post("k", before)
+	mark := l.mark()
+	l.post("k", after)
+	l.deny("k", "p", "default", mark, 42, true)
+	require.True(t, before.full)
+	require.Equal(t, int64(42), before.free)
+	require.True(t, before.held)
+	require.False(t, after.full)
+	require.Equal(t, 1, l.lineLen("k"), "the later ticket stays in line")
 }

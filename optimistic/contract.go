@@ -103,8 +103,9 @@ type Stats struct {
 	// Attempts is the number of read-decide rounds over all candidates
 	// (for SQLite: transactions, each covering every candidate). A call
 	// granted in the commit of another call of its process that held the
-	// key's turn (see Store.Allocate), or handed its slot by a release
-	// (see Store.Release), made none of its own there.
+	// key's turn (see Store.Allocate), told by that call that the key is
+	// full (a caller that waits, see WithWaiting), or handed its slot by
+	// a release (see Store.Release), made none of its own there.
 	Attempts int
 	// Conflicts is the number of rounds that lost a race and wrote
 	// nothing: an EXEC aborted because another allocator changed the

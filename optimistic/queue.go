@@ -410,32 +410,6 @@ func (p *Place) Retry(ctx context.Context, until time.Time, try func(context.Con
 	}
 }
 
-// waitingKey marks the context of a caller that waits for a slot when it
-// finds none (see WithWaiting).
-type waitingKey struct{}
-
-// WithWaiting returns a copy of ctx that marks the Allocate calls under it
-// as the tries of a caller that, finding no slot, waits in line for one
-// (AllocateWaiting and Place.Retry mark their own; a caller that runs its
-// own first try before Await, as credpool's broker does, marks that one).
-// Such a call takes the word of the call of this process holding a
-// candidate's turn that the candidate is full, instead of waiting for the
-// turn to read it again itself (see Store.Allocate). A caller that
-// retries after "no slot" should not be marked: it does better reading
-// for itself.
-func WithWaiting(ctx context.Context) context.Context {
-	if IsWaiting(ctx) {
-		return ctx
-	}
-	return context.WithValue(ctx, waitingKey{}, true)
-}
-
-// IsWaiting reports whether ctx is marked WithWaiting.
-func IsWaiting(ctx context.Context) bool {
-	v, _ := ctx.Value(waitingKey{}).(bool)
-	return v
-}
-
 // NotYet reports whether err says "no slot now, perhaps soon": no free
 // slot (ErrNoCapacity), or a key too busy with other processes to take
 // one (ErrContended). A waiting caller waits on; others may retry later.

@@ -107,6 +107,37 @@ func AllocateWaiting(ctx context.Context, w Waiter, req AllocateRequest, allocat
 	return lease, st, err
 }
 
+// waitingKey marks the context of a caller that waits for a slot when it
+// finds none (see WithWaiting).
+type waitingKey struct{}
+
+// WithWaiting returns a copy of ctx that marks every Allocate under it as
+// a try of a caller that, finding no slot, waits in line for one. On a
+// candidate whose turn another call of this process holds (see
+// Store.Allocate), such a call takes that call's word that the candidate
+// is full, if it asks for the same provider and pool, instead of waiting
+// for the turn to read it again itself. AllocateWaiting and Place.Retry
+// mark their tries; a caller that makes a first try of its own before
+// Await, as credpool's broker does, marks that one. A caller that retries
+// after "no slot" should not be marked: it does better reading for
+// itself.
+//
+// A context value, because the tries of Place.Retry are the caller's own
+// functions, which get only a ctx from it; a store of another package
+// may honour the mark too (IsWaiting).
+func WithWaiting(ctx context.Context) context.Context {
+	if IsWaiting(ctx) {
+		return ctx
+	}
+	return context.WithValue(ctx, waitingKey{}, true)
+}
+
+// IsWaiting reports whether ctx is marked WithWaiting.
+func IsWaiting(ctx context.Context) bool {
+	v, _ := ctx.Value(waitingKey{}).(bool)
+	return v
+}
+
 // A free-slot notice's payload is the sending store's id, so that its own
 // listener can skip it (the sender wakes its line directly), then, after a
 // space, what happened: nothing for one freed slot (every listening

@@ -430,7 +430,7 @@ func TestWaiterSurvivesCutSubscription(t *testing.T) {
 }
 
 // Every try of a waiting call is marked WithWaiting, the first (before it
-// joins the line) too; the caller's own ctx is left as it was.
+// joins the line) too, and so is every try of Place.Retry.
 func TestWaitingTriesAreMarked(t *testing.T) {
 	s := keyStore(t, redistest.Start(t).Client(t), nil)
 	var marks []bool
@@ -441,5 +441,17 @@ func TestWaitingTriesAreMarked(t *testing.T) {
 	require.ErrorIs(t, err, ErrNoCapacity)
 	require.GreaterOrEqual(t, len(marks), 2, "the first try, and one in line")
 	require.NotContains(t, marks, false)
-	require.False(t, IsWaiting(t.Context()))
+
+	// A caller's own loop around Await and Retry.
+	p, err := s.Await(t.Context(), []string{"k"})
+	require.NoError(t, err)
+	defer p.Leave()
+	var retried []bool
+	err = p.Retry(t.Context(), time.Now().Add(30*time.Millisecond), func(ctx context.Context) error {
+		retried = append(retried, IsWaiting(ctx))
+		return &CapacityError{}
+	})
+	require.ErrorIs(t, err, ErrNoCapacity)
+	require.NotEmpty(t, retried)
+	require.NotContains(t, retried, false, "Retry's tries")
 }
