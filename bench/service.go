@@ -306,20 +306,25 @@ func serviceCells(ctx context.Context, cfg ServiceConfig, h *harness, pg *pgproc
 // strategy: one fresh catalog for all (on pg for CatalogPostgres, else a
 // file in h's directory), or a fresh one each with CatalogEach.
 func catalogs(ctx context.Context, cfg ServiceConfig, h *harness, pg *pgproc.Server, strategy string) ([]string, error) {
-	dbs := make([]string, slices.Max(cfg.Instances))
-	for i := range dbs {
-		name := strategy
-		if cfg.CatalogEach {
-			name = fmt.Sprintf("%s_%d", strategy, i+1)
-		} else if i > 0 {
-			dbs[i] = dbs[0]
-			continue
-		}
+	fresh := func(name string) (string, error) {
 		if pg == nil {
-			dbs[i] = filepath.Join(h.tmp, "catalog-"+name+".db")
-			continue
+			return filepath.Join(h.tmp, "catalog-"+name+".db"), nil
 		}
-		db, err := newCatalogDB(ctx, pg, fmt.Sprintf("bench_%d_%s", h.id, name))
+		return newCatalogDB(ctx, pg, fmt.Sprintf("bench_%d_%s", h.id, name))
+	}
+	dbs := make([]string, slices.Max(cfg.Instances))
+	if !cfg.CatalogEach {
+		db, err := fresh(strategy)
+		if err != nil {
+			return nil, err
+		}
+		for i := range dbs {
+			dbs[i] = db
+		}
+		return dbs, nil
+	}
+	for i := range dbs {
+		db, err := fresh(fmt.Sprintf("%s_%d", strategy, i+1))
 		if err != nil {
 			return nil, err
 		}
@@ -378,10 +383,7 @@ func serviceCell(ctx context.Context, cfg ServiceConfig, h *harness, s Strategy,
 		}
 		for _, i := range turns {
 			if i < len(counts) {
-				what := fmt.Sprintf("service %s on %s × %d %s", s.Name, cells[i].Catalog, counts[i], label)
-				if cells[i].CatalogEach {
-					what = fmt.Sprintf("service %s on %s, one each, × %d %s", s.Name, cells[i].Catalog, counts[i], label)
-				}
+				what := fmt.Sprintf("service %s on %s × %d %s", s.Name, cells[i].CatalogName(), counts[i], label)
 				prog.start(what)
 				runs[i] = drive(ctx, svcs[:counts[i]], spec, ids, seed)
 				prog.finish(what, serviceSummary(runs[i]))

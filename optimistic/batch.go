@@ -6,6 +6,7 @@ import (
 	"math"
 	"slices"
 	"sync"
+	"sync/atomic"
 )
 
 // errSeenFull says that the call holding a key's turn read it with no
@@ -64,7 +65,7 @@ type ticket struct {
 type lines struct {
 	mu     sync.Mutex
 	m      map[string][]*ticket
-	posted uint64 // tickets posted so far
+	posted atomic.Uint64 // tickets posted so far; added to under mu
 }
 
 // post adds t to keyID's line.
@@ -74,17 +75,13 @@ func (l *lines) post(keyID string, t *ticket) {
 	if l.m == nil {
 		l.m = make(map[string][]*ticket)
 	}
-	l.posted++
-	t.seq = l.posted
+	t.seq = l.posted.Add(1)
 	l.m[keyID] = append(l.m[keyID], t)
 }
 
-// mark returns a mark of the tickets posted so far, for deny.
-func (l *lines) mark() uint64 {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.posted
-}
+// mark returns a mark of the tickets posted so far, for deny. It takes
+// no lock: every Allocate's read calls it.
+func (l *lines) mark() uint64 { return l.posted.Load() }
 
 // withdraw takes t out of keyID's line and says whether it was still
 // there: false means a holder claimed it, and will close t.done.

@@ -255,23 +255,20 @@ func (n *notices) send(s *Store) {
 		}
 		n.mu.Unlock()
 		ctx, cancel := context.WithTimeout(context.Background(), unwatchTimeout)
-		var p redis.Pipeliner
+		do, pipe := s.rdb.Do, redis.Pipeliner(nil)
 		if _, ring := s.rdb.(*redis.Ring); !ring {
-			p = s.rdb.Pipeline()
+			pipe = s.rdb.Pipeline()
+			do = pipe.Do
 		}
 		for _, a := range batch {
 			payload := s.id + " " + a.what
 			if age, ok := s.queue.oldest(a.keyID); ok && a.what != noticeLeft {
 				payload += " " + strconv.FormatInt(age.Milliseconds(), 10)
 			}
-			if p == nil {
-				_ = s.rdb.Do(ctx, "spublish", s.keys.Turns(a.keyID), payload).Err()
-			} else {
-				p.Do(ctx, "spublish", s.keys.Turns(a.keyID), payload)
-			}
+			do(ctx, "spublish", s.keys.Turns(a.keyID), payload)
 		}
-		if p != nil {
-			_, _ = p.Exec(ctx)
+		if pipe != nil {
+			_, _ = pipe.Exec(ctx)
 		}
 		cancel()
 	}

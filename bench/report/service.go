@@ -314,12 +314,12 @@ func (r *ServiceReport) markdownAudit(b *strings.Builder) {
 }
 
 func serviceLabel(c ServiceCell) string {
-	return fmt.Sprintf("%s on %s × %d, limit %d, %d workers", c.Strategy, c.catalog(), c.Instances, c.Limit, c.Workers)
+	return fmt.Sprintf("%s on %s × %d, limit %d, %d workers", c.Strategy, c.CatalogName(), c.Instances, c.Limit, c.Workers)
 }
 
-// catalog is where the cell's instances kept their catalog, as the tables
-// show it.
-func (c ServiceCell) catalog() string {
+// CatalogName is where the cell's instances kept their catalog, as the
+// tables and the progress lines show it: "sqlite", "postgres, one each".
+func (c ServiceCell) CatalogName() string {
 	if c.CatalogEach {
 		return c.Catalog + ", one each"
 	}
@@ -338,7 +338,7 @@ func (r *ServiceReport) markdownMedians(b *strings.Builder) {
 	var rows [][]string
 	for _, c := range r.Cells {
 		row := []string{
-			c.Strategy, c.catalog(), strconv.Itoa(c.Instances), strconv.Itoa(c.Keys), strconv.Itoa(c.Limit), strconv.Itoa(c.Workers),
+			c.Strategy, c.CatalogName(), strconv.Itoa(c.Instances), strconv.Itoa(c.Keys), strconv.Itoa(c.Limit), strconv.Itoa(c.Workers),
 			fmt.Sprintf("%d × %s", len(c.Reps), c.Duration),
 			spread(c.CyclesPerSec, fmtRate), spread(c.AllocateP50, fmtMs), spread(c.AllocateP99, fmtMs),
 			spread(c.ReportP50, fmtMs), spread(c.ReportP99, fmtMs), spread(c.StoreGrantsPerSec, fmtRate),
@@ -372,7 +372,7 @@ func (r *ServiceReport) markdownReps(b *strings.Builder) {
 				first = "service"
 			}
 			row := []string{
-				c.Strategy, c.catalog(), strconv.Itoa(c.Instances), strconv.Itoa(c.Limit), strconv.Itoa(c.Workers), strconv.Itoa(i + 1), first,
+				c.Strategy, c.CatalogName(), strconv.Itoa(c.Instances), strconv.Itoa(c.Limit), strconv.Itoa(c.Workers), strconv.Itoa(i + 1), first,
 				fmtRate(s.CyclesPerSec), fmtMs(s.AllocateLatency.P50), fmtMs(s.AllocateLatency.P99),
 				fmtMs(s.ReportLatency.P50), fmtMs(s.ReportLatency.P99), statuses(s.AllocateStatus),
 				statuses(s.ReportStatus), strconv.FormatInt(s.Dials, 10), s.conflictsPerCycle(), fmtRate(rep.Store.GrantsPerSec),
