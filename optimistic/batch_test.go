@@ -3,6 +3,7 @@ package optimistic
 import (
 	"context"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -239,4 +240,37 @@ func TestDenyAnswersOnlyTicketsPostedBeforeTheRead(t *testing.T) {
 	require.True(t, before.held)
 	require.False(t, after.full)
 	require.Equal(t, 1, l.lineLen("k"), "the later ticket stays in line")
+}
+
+// The holder marks the line before it sends its read, not after the reply:
+// a waiting call that joins the line while the read is on the wire (here,
+// once its reply is in but before the holder looks at it) reads for
+// itself when the read says full.
+func TestLineIsMarkedBeforeTheReadIsSent(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t).(*redis.Client)
+	s := keyStore(t, rdb, nil)
+	full := AllocateRequest{Provider: "p", Pool: "default", Candidates: []string{"k"}, TTL: time.Minute}
+	for range 5 {
+		_, _, err := s.Allocate(t.Context(), full)
+		require.NoError(t, err)
+	}
+	late := make(chan allocated, 1)
+	var once sync.Once
+	rdb.AddHook(afterReadOf{key: s.keys.Key("k"), fn: func() {
+		once.Do(func() {
+			go func() {
+				l, st, err := s.Allocate(WithWaiting(t.Context()), full)
+				late <- allocated{lease: l, stats: st, err: err}
+			}()
+			require.Eventually(t, func() bool { return s.lines.lineLen("k") == 1 }, 5*time.Second, time.Millisecond)
+		})
+	}})
+	_, first, err := s.Allocate(WithWaiting(t.Context()), full)
+	require.ErrorIs(t, err, ErrNoCapacity)
+	require.Equal(t, 1, first.Attempts)
+	got := <-late
+	require.ErrorIs(t, got.err, ErrNoCapacity)
+	require.Equal(t, 1, got.stats.Attempts, "joined the line after the read was sent: reads for itself")
+	requireLive(t, s, 5)
 }
