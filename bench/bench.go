@@ -242,9 +242,21 @@ func (h *harness) run(ctx context.Context, seedIndex int, cell Cell, s Strategy)
 		return err
 	}
 	var (
-		res   *workload.Result
-		trips int64
+		res    *workload.Result
+		trips  int64
+		during *sampler // the state read during the run, see sampler
 	)
+	if spec.Hold == 0 {
+		// Read through a client of its own, so that the run's round trips
+		// leave these out.
+		probe, err := loc.open(ctx, s)
+		if err != nil {
+			return report.Run{}, err
+		}
+		defer probe.close()
+		during = sample(ctx, probe.store.Inspect, spec.KeyIDs(), spec.Limit)
+		defer during.stop()
+	}
 	if cell.Procs == 1 {
 		warm(ctx, c.target, spec.Workers)
 		holders := workload.NewHolders(spec.Keys, spec.Limit)
@@ -265,6 +277,9 @@ func (h *harness) run(ctx context.Context, seedIndex int, cell Cell, s Strategy)
 		return report.Run{}, err
 	}
 	run := newRun(s, cell, res)
+	if during != nil {
+		run.Audit.Add(during.stop())
+	}
 	if s.Redis {
 		after, err := h.redis.commandStats(ctx)
 		if err != nil {
@@ -308,27 +323,12 @@ func warm(ctx context.Context, t Target, n int) {
 // stateCheck is the audit's second half: in the store's own state after the
 // run, no key may have more live leases than its limit.
 func stateCheck(ctx context.Context, store optimistic.LeaseStore, spec workload.Spec, a *report.Audit) error {
-	ids := spec.KeyIDs()
-	for batch := range slices.Chunk(ids, inspectBatch) {
+	for batch := range slices.Chunk(spec.KeyIDs(), inspectBatch) {
 		infos, err := store.Inspect(ctx, batch...)
 		if err != nil {
 			return fmt.Errorf("bench: state check: %w", err)
 		}
-		for _, in := range infos {
-			var bad string
-			switch {
-			case !in.Exists:
-				bad = fmt.Sprintf("key %s is missing from the store", in.ID)
-			case in.Live > spec.Limit:
-				bad = fmt.Sprintf("key %s has %d live leases in the store, limit %d", in.ID, in.Live, spec.Limit)
-			}
-			if bad != "" {
-				a.StateViolations++
-				if a.First == "" {
-					a.First = bad
-				}
-			}
-		}
+		checkLive(infos, spec.Limit, "afterwards", a)
 	}
 	return nil
 }

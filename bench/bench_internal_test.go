@@ -12,7 +12,9 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/credpool/credpool/bench/report"
 	"github.com/credpool/credpool/bench/workload"
+	"github.com/credpool/credpool/optimistic"
 )
 
 func TestShareSplitsCallersCallsAndRate(t *testing.T) {
@@ -192,4 +194,36 @@ func TestCatalogsSharedOrEach(t *testing.T) {
 	require.NotEqual(t, dbs[0], dbs[1])
 	require.NotEqual(t, dbs[1], dbs[2])
 	require.NotEqual(t, dbs[0], dbs[2])
+}
+
+// The service's live leases are read as its admin API lists them: a key
+// not listed, or not in the lease store, is missing; the admin key is sent.
+func TestServiceLiveLeases(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/api/admin/keys" || r.Header.Get("X-Admin-Key") != "admin-key" {
+			http.Error(w, "no", http.StatusUnauthorized)
+			return
+		}
+		_, _ = io.WriteString(w, `{"keys":[
+			{"id":"a","max_concurrent_uses":5,"live_leases":6,"in_store":true},
+			{"id":"b","max_concurrent_uses":2,"live_leases":0,"in_store":false},
+			{"id":"other","max_concurrent_uses":1,"live_leases":1,"in_store":true}]}`)
+	}))
+	defer srv.Close()
+	s := &service{base: srv.URL, admin: "admin-key", client: srv.Client()}
+	got, err := s.liveLeases(t.Context(), "a", "b", "c")
+	require.NoError(t, err)
+	require.Equal(t, []optimistic.KeyInfo{
+		{ID: "a", Exists: true, Limit: 5, Live: 6},
+		{ID: "b", Limit: 2},
+		{ID: "c"},
+	}, got)
+	var a report.Audit
+	checkLive(got, 5, "during the run", &a)
+	require.Equal(t, 3, a.StateViolations, "a over its limit, b and c missing")
+	require.Equal(t, "key a has 6 live leases in the store during the run, limit 5", a.First)
+
+	s.admin = "wrong"
+	_, err = s.liveLeases(t.Context(), "a")
+	require.ErrorContains(t, err, "401")
 }

@@ -96,6 +96,32 @@ func TestAuditCatchesUnsafeStore(t *testing.T) {
 	require.Contains(t, out.String(), "**Oversell audit: FAILED.**")
 }
 
+// Callers that hold for zero give a lease up microseconds after the
+// harness counts its holder, so the count rarely sees two overlap: the
+// audit reads the store's state during such a run too, and that is where
+// the check-then-act store's oversell shows. The correct store passes.
+func TestAuditReadsTheStoreDuringZeroHolds(t *testing.T) {
+	g := grid([]string{"hot"}, 8, 1, 1)
+	g.Hold, g.HoldDist, g.Duration = 0, "fixed", 500*time.Millisecond
+	optimistic, err := bench.Select(bench.Strategies(), "optimistic")
+	require.NoError(t, err)
+	cfg := config(append([]bench.Strategy{unsafeStrategy}, optimistic...), cells(t, g))
+	var out bytes.Buffer
+	cfg.Stdout = &out
+	rep, err := bench.Run(context.Background(), cfg)
+	require.ErrorIs(t, err, bench.ErrOversold)
+	require.Len(t, rep.Runs, 2)
+	for _, run := range rep.Runs {
+		require.Positive(t, run.Audit.Samples, "%s: read during the run", run.Strategy)
+		if run.Strategy != "unsafe" {
+			require.True(t, run.Audit.OK(), "%s: %+v", run.Strategy, run.Audit)
+			continue
+		}
+		require.Positive(t, run.Audit.StateViolations, "the store's state during the run must show it")
+	}
+	require.Contains(t, out.String(), "**Oversell audit: FAILED.**")
+}
+
 // A short run of every store, twice, in one and two processes and in an
 // open loop, writes every output, and each parses.
 func TestShortRunWritesEveryOutput(t *testing.T) {

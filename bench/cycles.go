@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/credpool/credpool/bench/report"
 	"github.com/credpool/credpool/bench/workload"
+	"github.com/credpool/credpool/optimistic"
 )
 
 // serviceModel is the one model every key serves and every call asks for.
@@ -75,6 +77,40 @@ func (s *service) deleteKeys(ctx context.Context, ids []string) error {
 		}
 	}
 	return nil
+}
+
+// liveLeases reads the keys' live leases and limits as the admin API
+// lists them (GET /api/admin/keys); a key it does not list, or not as in
+// the lease store, is missing.
+func (s *service) liveLeases(ctx context.Context, ids ...string) ([]optimistic.KeyInfo, error) {
+	code, body, err := s.do(ctx, http.MethodGet, "/api/admin/keys", "X-Admin-Key", s.admin, nil)
+	if err == nil && code != http.StatusOK {
+		err = fmt.Errorf("%d %s", code, bytes.TrimSpace(body))
+	}
+	var list struct {
+		Keys []struct {
+			ID                string `json:"id"`
+			MaxConcurrentUses int    `json:"max_concurrent_uses"`
+			LiveLeases        int    `json:"live_leases"`
+			InStore           bool   `json:"in_store"`
+		} `json:"keys"`
+	}
+	if err == nil {
+		err = json.Unmarshal(body, &list)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("bench: GET /api/admin/keys: %w", err)
+	}
+	listed := make(map[string]optimistic.KeyInfo, len(list.Keys))
+	for _, k := range list.Keys {
+		listed[k.ID] = optimistic.KeyInfo{ID: k.ID, Exists: k.InStore, Limit: k.MaxConcurrentUses, Live: k.LiveLeases}
+	}
+	out := make([]optimistic.KeyInfo, len(ids))
+	for i, id := range ids {
+		out[i] = listed[id]
+		out[i].ID = id
+	}
+	return out, nil
 }
 
 // check runs one allocate and report, which must both succeed, before
@@ -151,6 +187,10 @@ func drive(ctx context.Context, svcs []*service, spec workload.Spec, ids []strin
 	}
 	conflicts, cerr := totalConflicts(ctx, svcs)
 	dials := totalDials(svcs)
+	// Callers give their grants up at once: the store's state is read
+	// during the run (see sampler), through the admin API.
+	during := sample(ctx, svcs[0].liveLeases, ids, spec.Limit)
+	defer during.stop()
 	start := time.Now()
 	deadline := start.Add(spec.Duration)
 	var wg sync.WaitGroup
@@ -169,6 +209,7 @@ func drive(ctx context.Context, svcs []*service, spec workload.Spec, ids []strin
 		out.merge(c)
 	}
 	run := out.run
+	run.Audit.Add(during.stop())
 	run.InstanceCycles = perInstance
 	run.ElapsedSeconds = elapsed.Seconds()
 	run.CyclesPerSec = float64(run.Cycles) / elapsed.Seconds()

@@ -365,8 +365,11 @@ func serviceCell(ctx context.Context, cfg ServiceConfig, h *harness, s Strategy,
 	}
 	warmUp := spec
 	warmUp.Duration = min(spec.Duration, serviceWarmUp)
-	for _, n := range counts {
-		drive(ctx, svcs[:n], warmUp, ids, cfg.Seed)
+	// The warm-up is not measured, but audited: what it finds counts in
+	// the first repetition's audit.
+	warmed := make([]report.Audit, len(counts))
+	for i, n := range counts {
+		warmed[i] = drive(ctx, svcs[:n], warmUp, ids, cfg.Seed).Audit
 	}
 	for r := range cfg.Reps {
 		seed := cfg.Seed + uint64(index*cfg.Reps+r)<<16
@@ -386,6 +389,9 @@ func serviceCell(ctx context.Context, cfg ServiceConfig, h *harness, s Strategy,
 				what := fmt.Sprintf("service %s on %s × %d %s", s.Name, cells[i].CatalogName(), counts[i], label)
 				prog.start(what)
 				runs[i] = drive(ctx, svcs[:counts[i]], spec, ids, seed)
+				if r == 0 {
+					runs[i].Audit.Add(warmed[i])
+				}
 				prog.finish(what, serviceSummary(runs[i]))
 				continue
 			}

@@ -54,8 +54,12 @@ type Place struct {
 	leave  func()
 	// turn is the key of the wake-up p holds if it is a turn (see
 	// WakeTurn); guarded by q.mu. owed is the key of a turn p took and has
-	// not tried the store since; used by p's goroutine.
-	turn, owed string
+	// not tried the store since, unseen that of a plain wake-up; used by
+	// p's goroutine. Leave hands either on: a caller that took a wake-up
+	// and left without a try that saw the store (its wait ran out, or its
+	// try failed otherwise than "no slot") must not keep the slot from
+	// the next caller.
+	turn, owed, unseen string
 	// unused, if set, gets the key of a turn p took or held and did not
 	// use, when no other caller here could take it (none waits, or all
 	// are awake already): the slot may be free with no other process
@@ -252,8 +256,11 @@ func (p *Place) wait(ctx context.Context, until time.Time) (woken bool, err erro
 	}
 	p.q.mu.Lock()
 	p.parked = false
-	if woken && p.turn == wakeID {
+	switch {
+	case woken && p.turn == wakeID:
 		p.owed = wakeID
+	case woken:
+		p.unseen = wakeID
 	}
 	if woken {
 		p.turn = ""
@@ -314,6 +321,9 @@ func (p *Place) handOn(keyID string) {
 	if turn {
 		p.owed = ""
 	}
+	if p.unseen == keyID {
+		p.unseen = ""
+	}
 	if !p.q.wake(keyID, turn) && turn && p.unused != nil {
 		p.unused(keyID)
 	}
@@ -352,6 +362,9 @@ func (p *Place) Leave() {
 	}
 	if p.owed != "" {
 		p.handOn(p.owed)
+	}
+	if p.unseen != "" {
+		p.handOn(p.unseen)
 	}
 	if p.leave != nil {
 		p.leave()
@@ -398,9 +411,9 @@ func (p *Place) Retry(ctx context.Context, until time.Time, try func(context.Con
 		}
 		err := try(ctx)
 		if err == nil || NotYet(err) {
-			// The store was seen after any turn taken: its slot is
+			// The store was seen after any wake-up taken: its slot is
 			// taken, by this caller or another.
-			p.owed = ""
+			p.owed, p.unseen = "", ""
 		}
 		if !NotYet(err) || !time.Now().Before(until) {
 			return err

@@ -122,6 +122,25 @@ func TestPlaceRetry(t *testing.T) {
 		err := p.Retry(ctx, time.Now().Add(time.Minute), func(context.Context) error { return ErrStore })
 		require.ErrorIs(t, err, ErrStore)
 	})
+	t.Run("a wake-up taken and not used goes on", func(t *testing.T) {
+		p, next := q.Join([]string{"k"}), q.Join([]string{"k"})
+		defer next.Leave()
+		park(next)
+		tries := 0
+		err := p.Retry(ctx, time.Now().Add(time.Minute), func(context.Context) error {
+			if tries++; tries == 1 {
+				q.Wake("k") // first in line: the wake-up is p's
+				return &CapacityError{}
+			}
+			return ErrStore // the try it woke for never saw the slot
+		})
+		require.ErrorIs(t, err, ErrStore)
+		require.False(t, woken(next))
+		p.Leave()
+		require.True(t, woken(next), "the slot p was woken for goes to the next in line")
+		p.Leave()
+		require.False(t, woken(next), "once")
+	})
 	t.Run("cancelled while waiting", func(t *testing.T) {
 		p := q.Join([]string{"k"})
 		defer p.Leave()

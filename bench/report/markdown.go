@@ -41,7 +41,19 @@ func (r *Report) markdownEnv(b *strings.Builder) {
 func (r *Report) markdownAudit(b *strings.Builder) {
 	if !r.Failed() {
 		fmt.Fprintf(b, "**Oversell audit: passed.** In all %d runs no key ever had more holders than its limit "+
-			"(harness count at every grant) and none had more live leases than its limit in the store afterwards.\n\n", len(r.Runs))
+			"(harness count at every grant) and none had more live leases than its limit in the store afterwards", len(r.Runs))
+		sampled, samples := 0, 0
+		for _, run := range r.Runs {
+			if run.Audit.Samples > 0 {
+				sampled++
+				samples += run.Audit.Samples
+			}
+		}
+		if sampled > 0 {
+			fmt.Fprintf(b, ", nor, in the %d runs whose callers held for zero, in the %d reads of the store's state "+
+				"every 20 ms during the run", sampled, samples)
+		}
+		b.WriteString(".\n\n")
 		return
 	}
 	b.WriteString("**Oversell audit: FAILED.**\n\n")

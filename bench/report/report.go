@@ -258,15 +258,31 @@ type Audit struct {
 	HolderViolations int64 `json:"holder_violations"`
 	// MaxHolders is the highest holder count of one key at any grant.
 	MaxHolders int64 `json:"max_holders"`
-	// StateViolations counts keys whose live leases exceeded the limit (or
-	// that were missing) in the store's own state after the run.
+	// StateViolations counts keys found with more live leases than the
+	// limit (or missing) in the store's own state: after the run, and in
+	// the Samples read during a run whose callers hold for zero.
 	StateViolations int `json:"state_violations"`
+	// Samples is how many times the store's state was read during the run
+	// (every 20 ms, when callers hold for zero: their holds are too short
+	// for the harness's count of holders to see leases overlap).
+	Samples int `json:"samples,omitempty"`
 	// First describes the first violation found.
 	First string `json:"first,omitempty"`
 }
 
 // OK reports whether the audit found nothing.
 func (a Audit) OK() bool { return a.HolderViolations == 0 && a.StateViolations == 0 }
+
+// Add adds b's findings to a's.
+func (a *Audit) Add(b Audit) {
+	a.HolderViolations += b.HolderViolations
+	a.MaxHolders = max(a.MaxHolders, b.MaxHolders)
+	a.StateViolations += b.StateViolations
+	a.Samples += b.Samples
+	if a.First == "" {
+		a.First = b.First
+	}
+}
 
 // Failed reports whether any run failed its audit.
 func (r *Report) Failed() bool {

@@ -39,8 +39,10 @@ func TestBenchServiceShortRun(t *testing.T) {
 			require.Equal(t, s.Cycles, s.AllocateStatus["200"], "every grant became a cycle")
 			require.NotNil(t, s.Conflicts, "read from the service's metrics: %s", s.FirstError)
 			require.True(t, s.Audit.OK(), "%+v", s.Audit)
+			require.Positive(t, s.Audit.Samples, "the lease store's state read during the run")
 			require.Positive(t, r.Store.Counts.Grants)
 			require.True(t, r.Store.Audit.OK(), "%+v", r.Store.Audit)
+			require.Positive(t, r.Store.Audit.Samples, "the store alone's state read during the run")
 			require.Equal(t, c.Strategy, r.Store.Strategy)
 			require.InDelta(t, s.CyclesPerSec/r.Store.GrantsPerSec, r.ShareOfStore, 1e-12)
 		}
@@ -56,6 +58,7 @@ func TestBenchServiceShortRun(t *testing.T) {
 	md, err := os.ReadFile(filepath.Join(out, report.MarkdownFile))
 	require.NoError(t, err)
 	require.Contains(t, string(md), "**Oversell audit: passed.**")
+	require.Contains(t, string(md), "read every 20 ms during each run")
 	require.Contains(t, string(md), "| store | catalog | instances | keys | limit | workers | reps × duration | cycles/s |")
 	require.Contains(t, string(md), "| sqlite | sqlite | 1 | 3 | 2 | 4 | 2 × 300ms |")
 	require.Contains(t, string(md), "| dials | conflicts/cycle | store grants/s |")
