@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 
@@ -520,6 +521,7 @@ func (b *Broker) allocatePools(ctx context.Context, req Request, model string) (
 		g         = Grant{Model: model}
 		anyKey    bool
 		serving   bool
+		gone      bool // a granted key was found gone (see poolRun.gone)
 		contended bool
 		down      error                    // the first pool that met an unreachable server
 		stuck     int                      // releases on full candidates that wait for the store
@@ -540,6 +542,7 @@ func (b *Broker) allocatePools(ctx context.Context, req Request, model string) (
 		}
 		err = p.allocate(ctx, cands)
 		wait = sooner(wait, p.wait)
+		gone = gone || p.gone
 		var full *optimistic.CapacityError
 		switch {
 		case err == nil:
@@ -559,6 +562,16 @@ func (b *Broker) allocatePools(ctx context.Context, req Request, model string) (
 		}
 	}
 	pools := b.pools.Sequence(req.Pool)
+	if gone {
+		// The pools as listed had a key that is gone now: the answer is
+		// the one the catalog gives now (a request that started from a
+		// recent snapshot would get it from again; one that waits or
+		// carries an id reads the catalog only at its start).
+		var err error
+		if anyKey, serving, err = b.serves(ctx, req.Provider, model, pools); err != nil {
+			return Grant{Stats: g.Stats}, err
+		}
+	}
 	switch {
 	case !anyKey:
 		return Grant{}, fmt.Errorf("%w: provider %s, pools %v", ErrNoCandidates, req.Provider, pools)
@@ -579,6 +592,20 @@ func (b *Broker) allocatePools(ctx context.Context, req Request, model string) (
 		return Grant{Stats: g.Stats}, fmt.Errorf("%w: no key of provider %s in pools %v that serves model %s is usable (all disabled, pending or exhausted)", ErrPolicy, req.Provider, pools, model)
 	}
 	return Grant{Stats: g.Stats}, &wait
+}
+
+// serves reports whether pools have any key of provider, and whether any
+// of them serves model, as allocatePools counts them.
+func (b *Broker) serves(ctx context.Context, provider, model string, pools []string) (anyKey, serving bool, err error) {
+	for _, pool := range pools {
+		keys, err := b.catalog.List(ctx, provider, pool)
+		if err != nil {
+			return false, false, catalogErr(ctx, "list keys", err)
+		}
+		anyKey = anyKey || len(keys) > 0
+		serving = serving || slices.ContainsFunc(keys, func(k catalog.Key) bool { return k.Supports(model) })
+	}
+	return anyKey, serving, nil
 }
 
 func ids(keys []catalog.Key) []string {

@@ -564,6 +564,30 @@ func TestConfirmGivesBack(t *testing.T) {
 		require.Zero(t, e.live(t, "a"))
 	})
 
+	// The only key deleted between the grant and the re-check: the pool
+	// has no candidates now (404), whichever way the request read the
+	// catalog (a recent snapshot; the current catalog at the start, for a
+	// request that waits or carries an id); not a policy conflict (409).
+	for _, c := range []struct {
+		name string
+		req  func(r broker.Request) broker.Request
+	}{
+		{"plain", func(r broker.Request) broker.Request { return r }},
+		{"with a request id", func(r broker.Request) broker.Request { r.RequestID = "req-1"; return r }},
+		{"waiting", func(r broker.Request) broker.Request { r.Wait = time.Minute; return r }},
+	} {
+		t.Run("the only key deleted, "+c.name, func(t *testing.T) {
+			e := newEnv(t, key("a", "default", 1))
+			s := &hookStore{Store: e.store, granted: func(l optimistic.Lease) {
+				require.NoError(t, e.cat.Delete(t.Context(), l.KeyID))
+			}}
+			_, err := e.broker(e.cat, s).Allocate(t.Context(), c.req(req("default")))
+			require.ErrorIs(t, err, broker.ErrNoCandidates)
+			require.NotErrorIs(t, err, broker.ErrPolicy)
+			require.False(t, e.info(t, "a").Exists, "gone from the store too")
+		})
+	}
+
 	// A key that starts cooling between the grant and the re-check frees
 	// up by itself: "full until the cooldown ends" (429), not a policy
 	// conflict (409).

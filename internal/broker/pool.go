@@ -32,6 +32,9 @@ type poolRun struct {
 	// wait is the soonest a key that serves the model but is held back (a
 	// cooldown, a quarantine, found at any step) frees up by itself.
 	wait optimistic.CapacityError
+	// gone says the re-check found a granted key deleted, moved out of the
+	// pool, or no longer serving the model (see confirm).
+	gone bool
 }
 
 // heldBack notes a key held back until at (zero: not by itself).
@@ -362,12 +365,12 @@ func (p *poolRun) confirm(ctx context.Context, lease optimistic.Lease) (bool, er
 	reason := ""
 	switch {
 	case errors.Is(err, catalog.ErrNotFound):
-		reason = "deleted"
+		reason, p.gone = "deleted", true
 	case err != nil:
 		p.giveBack(ctx, lease, "catalog read failed")
 		return false, catalogErr(ctx, "re-check key", err)
 	case k.Provider != lease.Provider || k.Pool != lease.Pool:
-		reason = "moved to another provider or pool"
+		reason, p.gone = "moved to another provider or pool", true
 	case !k.Usable(now):
 		reason = "status " + string(k.Status)
 		if k.QuarantineUntil.After(now) {
@@ -375,7 +378,7 @@ func (p *poolRun) confirm(ctx context.Context, lease optimistic.Lease) (bool, er
 		}
 		p.heldBack(k.UsableAt())
 	case !k.Supports(p.model):
-		reason = "no longer serves the model"
+		reason, p.gone = "no longer serves the model", true
 	}
 	if reason != "" {
 		p.giveBack(ctx, lease, reason)

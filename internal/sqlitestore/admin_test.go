@@ -79,3 +79,19 @@ BEGIN SELECT RAISE(ABORT, 'injected fault'); END`)
 		require.False(t, in.Exists, "%s written although the batch failed", in.ID)
 	}
 }
+
+// A store closed is closed: every call fails with ErrStore (its statements
+// are gone, and would otherwise be prepared again on every use).
+func TestCallsAfterCloseFail(t *testing.T) {
+	s, _ := newStore(t)
+	ctx := t.Context()
+	require.NoError(t, s.SyncKey(ctx, state("k", 1)))
+	l, _, err := s.Allocate(ctx, optimistic.AllocateRequest{Provider: "openai", Pool: "default", Candidates: []string{"k"}, TTL: time.Minute})
+	require.NoError(t, err)
+	require.NoError(t, s.Close())
+	_, _, err = s.Allocate(ctx, optimistic.AllocateRequest{Provider: "openai", Pool: "default", Candidates: []string{"k"}, TTL: time.Minute})
+	require.ErrorIs(t, err, optimistic.ErrStore)
+	require.ErrorIs(t, s.Release(ctx, l.LeaseRef), optimistic.ErrStore)
+	_, err = s.Inspect(ctx, "k")
+	require.ErrorIs(t, err, optimistic.ErrStore)
+}

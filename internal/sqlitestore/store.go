@@ -4,6 +4,8 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/credpool/credpool/internal/retry"
@@ -32,6 +34,7 @@ type Store struct {
 	policy retry.Policy
 	stmts  statements
 	queue  optimistic.Queue
+	closed atomic.Bool
 }
 
 // New returns a Store over db, which must use the modernc.org/sqlite driver
@@ -63,7 +66,13 @@ func New(ctx context.Context, db *sqlitex.DB, opts *Options) (*Store, error) {
 
 // Close releases the store's prepared statements; closing db releases them
 // too. It leaves db open. Calls made after Close fail with ErrStore.
-func (s *Store) Close() error { return s.stmts.close() }
+func (s *Store) Close() error {
+	s.closed.Store(true)
+	return s.stmts.close()
+}
+
+// errClosed is what a call made after Close gets.
+var errClosed = fmt.Errorf("%w: sqlitestore: closed", optimistic.ErrStore)
 
 // Await joins this process's line of callers waiting for a slot on
 // keyIDs (see optimistic.Waiter). A release, clear-out or sync through
@@ -95,6 +104,10 @@ func (s *Store) Ping(ctx context.Context) error {
 // callers classify it.
 func (s *Store) do(ctx context.Context, readOnly bool, fn sqlitex.TxFunc) (optimistic.Stats, error) {
 	var st optimistic.Stats
+	if s.closed.Load() {
+		// The statements would be prepared again on every use.
+		return st, errClosed
+	}
 	p := s.policy
 	p.OnTry = func(err error) {
 		st.Attempts++
