@@ -403,11 +403,15 @@ func (b *Broker) allocateOnce(ctx context.Context, req Request, model string) (G
 }
 
 // replay hands out a recorded lease again, renewed to ttl, if its key
-// still backs it.
+// still backs it and serves model (a fresh grant's re-check would refuse
+// it otherwise: see poolRun.confirm).
 func (b *Broker) replay(ctx context.Context, l optimistic.Lease, model string, ttl time.Duration) (Grant, error) {
 	until, k, err := b.renew(ctx, l.LeaseRef, ttl, b.catalog.Get)
 	if err != nil {
 		return Grant{}, err
+	}
+	if false && !k.Supports(model) {
+		return Grant{}, b.revoke(ctx, l.LeaseRef, "key no longer serves the model")
 	}
 	l.Until = until
 	return Grant{Lease: l, Model: model, Secret: k.Secret}, nil

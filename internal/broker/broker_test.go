@@ -741,6 +741,28 @@ func TestReplayRevokedKey(t *testing.T) {
 	require.Equal(t, 1, e.live(t, g.KeyID))
 }
 
+// A replay whose key no longer serves the model the id was served on is
+// given back, and the request allocated afresh, as a fresh grant's
+// re-check would refuse that key.
+func TestReplayKeyNoLongerServesTheModel(t *testing.T) {
+	e := newEnv(t, key("a", "default", 1), key("b", "default", 1))
+	b := e.plain()
+	r := req("default")
+	r.RequestID = "r1"
+	first := allocate(t, b, r)
+
+	k := e.get(t, first.KeyID)
+	k.Models = []string{"gpt-3.5"}
+	_, err := e.cat.Put(t.Context(), k)
+	require.NoError(t, err)
+
+	g := allocate(t, b, r)
+	require.NotEqual(t, first.KeyID, g.KeyID, "the replay's key no longer serves the model")
+	require.Equal(t, "sk-"+g.KeyID, g.Secret.Reveal())
+	require.Zero(t, e.live(t, first.KeyID))
+	require.Equal(t, 1, e.live(t, g.KeyID))
+}
+
 func TestRequestInFlight(t *testing.T) {
 	e := newEnv(t, key("a", "default", 2))
 	b := broker.New(e.cat, e.store, &broker.Options{Requests: lostRecord{e.requests}, Logger: e.log})
