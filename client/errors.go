@@ -35,9 +35,10 @@ var (
 	// or its key was disabled, deleted or moved. Stop using the
 	// credential now.
 	ErrLeaseLost = errors.New("client: lease lost")
-	// ErrLeaseMismatch (a Release or Report answered "owner_mismatch"):
-	// the lease belongs to another provider or pool and was left alone.
-	// It also matches ErrLeaseLost.
+	// ErrLeaseMismatch (a Release or Report answered "owner_mismatch", or
+	// 409 owner_mismatch to a Renew): the lease belongs to another
+	// provider or pool than the one named and was left alone; name the
+	// pool it was granted from (Lease.Pool). It also matches ErrLeaseLost.
 	ErrLeaseMismatch = fmt.Errorf("%w: owned by another provider or pool", ErrLeaseLost)
 	// ErrStoreUnavailable (503 store_unavailable): the lease store failed.
 	// Retry later; never read it as "full".
@@ -75,6 +76,7 @@ var codes = map[string]error{
 	"request_in_flight":   ErrRequestInFlight,
 	"request_id_reused":   ErrRequestIDReused,
 	"lease_lost":          ErrLeaseLost,
+	"owner_mismatch":      ErrLeaseMismatch,
 	"store_unavailable":   ErrStoreUnavailable,
 	"catalog_unavailable": ErrCatalogUnavailable,
 	"timeout":             ErrTimeout,

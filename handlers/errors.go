@@ -48,6 +48,9 @@ var errorCodes = []struct {
 	{requestlog.ErrReused, http.StatusConflict, "request_id_reused"},
 	{optimistic.ErrNoCapacity, http.StatusTooManyRequests, "pool_exhausted"},
 	{optimistic.ErrContended, http.StatusTooManyRequests, "contended"},
+	// Before ErrLeaseLost, which it wraps: the lease is still held, by
+	// the provider and pool it was granted to, not the ones named.
+	{optimistic.ErrLeaseMismatch, http.StatusConflict, "owner_mismatch"},
 	{optimistic.ErrLeaseLost, http.StatusGone, "lease_lost"},
 	{optimistic.ErrStore, http.StatusServiceUnavailable, "store_unavailable"},
 }

@@ -32,7 +32,8 @@ func TestStatusFor(t *testing.T) {
 		{storeDown, http.StatusServiceUnavailable, "store_unavailable"},
 		{fmt.Errorf("%w: %w", broker.ErrCatalog, storeDown), http.StatusServiceUnavailable, "catalog_unavailable"},
 		{fmt.Errorf("%w: %w", broker.ErrCatalog, optimistic.ErrContended), http.StatusServiceUnavailable, "catalog_unavailable"},
-		{optimistic.ErrLeaseMismatch, http.StatusGone, "lease_lost"},
+		{optimistic.ErrLeaseMismatch, http.StatusConflict, "owner_mismatch"},
+		{optimistic.ErrLeaseLost, http.StatusGone, "lease_lost"},
 		{fmt.Errorf("%w: bad", optimistic.ErrInvalid), http.StatusBadRequest, "invalid_request"},
 		{catalog.ErrNotFound, http.StatusNotFound, "key_not_found"},
 		// A cancelled request is neither "full" nor "store down".

@@ -640,6 +640,26 @@ func TestHTTPReportsChangeKeyHealth(t *testing.T) {
 	})
 }
 
+// A vip request served by default, renewed as vip: 409 owner_mismatch, and
+// the lease stays held (a 410 would tell the caller to stop using a
+// credential it still holds, and leave the slot taken until expiry).
+func TestHTTPRenewUnderAnotherPoolIsAMismatch(t *testing.T) {
+	forEachStore(t, func(t *testing.T, sqlite bool) {
+		s := startService(t, serviceOptions{sqlite: sqlite})
+		s.putKey(t, "k", "default", 1, nil)
+		code, _, g := s.internal(t, "allocate-key", allocBody("vip"))
+		require.Equal(t, http.StatusOK, code)
+		require.Equal(t, "default", g["pool"])
+		code, _, out := s.internal(t, "renew", withField(leaseBody(g), "pool", "vip"))
+		require.Equal(t, http.StatusConflict, code)
+		require.Equal(t, "owner_mismatch", errCode(out))
+		_, key := s.admin(t, http.MethodGet, "keys/k", nil)
+		require.EqualValues(t, 1, key["live_leases"], "left alone")
+		code, _, _ = s.internal(t, "renew", leaseBody(g))
+		require.Equal(t, http.StatusOK, code, "renewed under the pool it was granted from")
+	})
+}
+
 func TestHTTPRenewOfDisabledKeyIsLost(t *testing.T) {
 	forEachStore(t, func(t *testing.T, sqlite bool) {
 		s := startService(t, serviceOptions{sqlite: sqlite})

@@ -839,6 +839,23 @@ func TestRenew(t *testing.T) {
 		})
 	}
 
+	// A vip request served by default, renewed as vip: the caller names
+	// the wrong owner; the key did not move, and the lease stays its.
+	t.Run("renewed under another pool than granted", func(t *testing.T) {
+		e := newEnv(t, key("a", "default", 1))
+		b := e.plain()
+		g := allocate(t, b, req("vip"))
+		require.Equal(t, "default", g.Pool)
+		wrong := g.LeaseRef
+		wrong.Pool = "vip"
+		_, err := b.Renew(t.Context(), wrong, time.Hour)
+		require.ErrorIs(t, err, optimistic.ErrLeaseMismatch)
+		require.Equal(t, 1, e.live(t, "a"), "left alone")
+		until, err := b.Renew(t.Context(), g.LeaseRef, time.Hour)
+		require.NoError(t, err)
+		require.True(t, until.After(g.Until))
+	})
+
 	t.Run("released lease", func(t *testing.T) {
 		e := newEnv(t, key("a", "default", 1))
 		b := e.plain()

@@ -52,6 +52,13 @@ func (b *Broker) renew(ctx context.Context, ref optimistic.LeaseRef, ttl time.Du
 	case err != nil:
 		return time.Time{}, k, catalogErr(ctx, "renew", err)
 	case k.Provider != ref.Provider || k.Pool != ref.Pool:
+		// The key moved since the grant, or the caller names another
+		// owner than its lease's (a vip request served by default, renewed
+		// as vip): the store tells, and the lease of a wrong name is left
+		// alone.
+		if _, err := b.store.Holds(ctx, ref); errors.Is(err, optimistic.ErrLeaseMismatch) {
+			return time.Time{}, k, err
+		}
 		return time.Time{}, k, b.revoke(ctx, ref, "key moved to another provider or pool")
 	case revoked(k.Status):
 		return time.Time{}, k, b.revoke(ctx, ref, "key "+string(k.Status))
