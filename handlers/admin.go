@@ -104,6 +104,24 @@ func (req putKeyRequest) key(c *gin.Context, prefix, id string) (catalog.Key, bo
 		invalid(c, prefix+"secret", "required")
 		return catalog.Key{}, false
 	}
+	// The catalog checks these too; here the answer names the field.
+	if !validID(c, prefix+"provider", req.Provider) || !validID(c, prefix+"pool", req.Pool) {
+		return catalog.Key{}, false
+	}
+	if len(req.Models) == 0 {
+		invalid(c, prefix+"models", "want at least one model")
+		return catalog.Key{}, false
+	}
+	for i, m := range req.Models {
+		if catalog.CheckModel("model", m) != nil {
+			invalid(c, fmt.Sprintf("%smodels[%d]", prefix, i), "want 1-256 characters, no spaces or control characters")
+			return catalog.Key{}, false
+		}
+	}
+	if req.MaxConcurrentUses != nil && *req.MaxConcurrentUses < 1 {
+		invalid(c, prefix+"max_concurrent_uses", "want at least 1")
+		return catalog.Key{}, false
+	}
 	k := catalog.Key{
 		ID: id, Provider: req.Provider, Pool: req.Pool, Models: req.Models,
 		Secret: catalog.Secret(req.Secret), Status: req.Status, MaxConcurrentUses: 1,

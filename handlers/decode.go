@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"reflect"
 	"strings"
 	"time"
 
@@ -27,7 +28,7 @@ func decodeUpTo(c *gin.Context, dst any, limit int64) bool {
 	dec.DisallowUnknownFields()
 	err := dec.Decode(dst)
 	if err == nil && !errors.Is(dec.Decode(&struct{}{}), io.EOF) {
-		err = errors.New("body must hold one JSON object")
+		err = errTrailing
 	}
 	if err == nil {
 		return true
@@ -41,8 +42,13 @@ func decodeUpTo(c *gin.Context, dst any, limit int64) bool {
 	switch {
 	case errors.As(err, &tooBig):
 		fail(c, http.StatusRequestEntityTooLarge, "body_too_large", fmt.Sprintf("body over %d bytes", limit), "")
+	case errors.Is(err, errTrailing):
+		fail(c, http.StatusBadRequest, "invalid_request", err.Error(), "")
+	case errors.As(err, &wrongType) && wrongType.Field == "":
+		fail(c, http.StatusBadRequest, "invalid_request", "body: want a JSON "+jsonKind(wrongType.Type), "")
 	case errors.As(err, &wrongType):
-		fail(c, http.StatusBadRequest, "invalid_request", fmt.Sprintf("%s: want a JSON %s", wrongType.Field, wrongType.Type), wrongType.Field)
+		field := jsonPath(wrongType.Field)
+		fail(c, http.StatusBadRequest, "invalid_request", fmt.Sprintf("%s: want a JSON %s", field, jsonKind(wrongType.Type)), field)
 	case strings.HasPrefix(err.Error(), "json: unknown field "):
 		field := strings.Trim(strings.TrimPrefix(err.Error(), "json: unknown field "), `"`)
 		fail(c, http.StatusBadRequest, "invalid_request", "unknown field "+field, field)
@@ -55,6 +61,50 @@ func decodeUpTo(c *gin.Context, dst any, limit int64) bool {
 		fail(c, http.StatusBadRequest, "invalid_request", "body does not match the expected fields and types", "")
 	}
 	return false
+}
+
+// errTrailing is the answer to a body with more after its JSON object.
+var errTrailing = errors.New("body must hold one JSON object, and nothing after it")
+
+// jsonKind names what JSON value decodes into t, in JSON's words rather
+// than Go's (the caller sees JSON, not this package's types).
+func jsonKind(t reflect.Type) string {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	switch {
+	case t == reflect.TypeFor[time.Time]():
+		return "string (an RFC 3339 time)"
+	case t.Kind() == reflect.String:
+		return "string"
+	case t.Kind() == reflect.Bool:
+		return "boolean"
+	case t.Kind() >= reflect.Int && t.Kind() <= reflect.Uint64:
+		return "integer"
+	case t.Kind() == reflect.Float32 || t.Kind() == reflect.Float64:
+		return "number"
+	case t.Kind() == reflect.Slice || t.Kind() == reflect.Array:
+		return "array"
+	}
+	return "object"
+}
+
+// jsonPath is the decoder's path to a field as the request spells it:
+// encoding/json names an embedded struct by its Go type on the way
+// (putKeyRequest.max_concurrent_uses), which the caller never wrote.
+func jsonPath(field string) string {
+	parts := strings.Split(field, ".")
+	out := parts[:0]
+	for _, p := range parts {
+		if p != strings.ToLower(p) {
+			continue // a Go type's name: the request's fields are snake_case
+		}
+		out = append(out, p)
+	}
+	if len(out) == 0 {
+		return field
+	}
+	return strings.Join(out, ".")
 }
 
 // invalid writes a 400 naming field.

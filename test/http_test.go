@@ -681,6 +681,9 @@ func TestHTTPAdmin(t *testing.T) {
 		code, out := s.admin(t, http.MethodPut, "keys/bad", map[string]any{"provider": "openai", "pool": "default", "models": []string{"m"}})
 		require.Equal(t, http.StatusBadRequest, code)
 		require.Equal(t, "secret", out["error"].(map[string]any)["field"])
+		code, out = s.admin(t, http.MethodPut, "keys/bad", map[string]any{"provider": "openai", "models": []string{"m"}, "secret": "sk-x"})
+		require.Equal(t, http.StatusBadRequest, code)
+		require.Equal(t, "pool", out["error"].(map[string]any)["field"], "%v", out)
 		code, _ = s.admin(t, http.MethodGet, "keys/missing", nil)
 		require.Equal(t, http.StatusNotFound, code)
 
@@ -700,6 +703,9 @@ func TestHTTPAdmin(t *testing.T) {
 		code, out = s.admin(t, http.MethodPost, "keys/admin-key-1/clear-leases", nil)
 		require.Equal(t, http.StatusOK, code)
 		require.EqualValues(t, 2, out["cleared"])
+		code, out = s.admin(t, http.MethodPost, "keys/admin-key-typo/clear-leases", nil)
+		require.Equal(t, http.StatusNotFound, code)
+		require.Equal(t, "key_not_found", errCode(out))
 		code, out = s.admin(t, http.MethodPost, "sync", nil)
 		require.Equal(t, http.StatusOK, code)
 		require.EqualValues(t, 1, out["synced"])
@@ -746,12 +752,19 @@ func TestHTTPAdminPutKeys(t *testing.T) {
 		badModel["models"] = []string{"gpt 4o"}
 		noSecret := key("b4", 1)
 		delete(noSecret, "secret")
+		noPool := key("b4", 1)
+		delete(noPool, "pool")
+		noModels := key("b4", 1)
+		noModels["models"] = []string{}
 		for _, c := range []struct {
 			keys  []any
 			field string
 		}{
-			{[]any{key("new-1", 1), key("b1", 5), badModel}, ""},
+			{[]any{key("new-1", 1), key("b1", 5), badModel}, "[2].models[0]"},
 			{[]any{key("new-1", 1), key("b1", 5), noSecret}, "[2].secret"},
+			{[]any{key("new-1", 1), noPool}, "[1].pool"},
+			{[]any{key("new-1", 1), noModels}, "[1].models"},
+			{[]any{key("new-1", 1), key("b1", 0)}, "[1].max_concurrent_uses"},
 			{[]any{key("new-1", 1), key("new-1", 5)}, "[1].id"},
 			{[]any{}, ""},
 		} {

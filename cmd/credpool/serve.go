@@ -96,6 +96,11 @@ func parseServe(args []string) (serveConfig, error) {
 	for _, e := range serveEnv {
 		if v, ok := os.LookupEnv(e.env); ok {
 			if err := fs.Set(e.flag, v); err != nil {
+				if g, ok := fs.Lookup(e.flag).Value.(flag.Getter); ok {
+					if _, isDuration := g.Get().(time.Duration); isDuration {
+						err = fmt.Errorf("%w: want a duration with its unit, e.g. 10s or 500ms", err)
+					}
+				}
 				return c, fmt.Errorf("serve: %s (for --%s): %w", e.env, e.flag, err)
 			}
 		}

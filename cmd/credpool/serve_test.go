@@ -355,6 +355,7 @@ func TestServeRejectsBadTimeouts(t *testing.T) {
 	t.Setenv("CREDPOOL_IDLE_TIMEOUT", "soon")
 	_, err = parseServe(nil)
 	require.ErrorContains(t, err, "CREDPOOL_IDLE_TIMEOUT")
+	require.ErrorContains(t, err, "want a duration with its unit, e.g. 10s", "a bare number is a common slip")
 }
 
 // Every flag but --dev and --demo falls back to its environment variable,

@@ -141,9 +141,20 @@ func (a *Admin) Delete(ctx context.Context, id string) error {
 	return err
 }
 
-// ClearLeases force-releases every lease of the key.
+// ClearLeases force-releases every lease of the key, and returns how many
+// it released; catalog.ErrNotFound if it released none and the catalog has
+// no such key.
 func (a *Admin) ClearLeases(ctx context.Context, id string) (int, error) {
-	return a.store.ClearLeases(ctx, id)
+	n, err := a.store.ClearLeases(ctx, id)
+	if err != nil || n > 0 {
+		// Leases of a key gone from the catalog are cleared too.
+		return n, err
+	}
+	// Nothing cleared: a typo is told apart from a key with no leases.
+	if _, err := a.catalog.Key(ctx, id); err != nil {
+		return 0, catalogErr(ctx, "clear leases", err)
+	}
+	return 0, nil
 }
 
 // Sync rewrites the store's state of every catalog key and returns how

@@ -1091,6 +1091,21 @@ func TestAdmin(t *testing.T) {
 		require.Zero(t, e.live(t, "a"))
 		_, err = b.Renew(t.Context(), g.LeaseRef, time.Minute)
 		require.ErrorIs(t, err, optimistic.ErrLeaseLost)
+
+		n, err = e.admin.ClearLeases(t.Context(), "a")
+		require.NoError(t, err, "a key with no leases")
+		require.Zero(t, n)
+		_, err = e.admin.ClearLeases(t.Context(), "typo")
+		require.ErrorIs(t, err, catalog.ErrNotFound, "no such key: not 'cleared 0'")
+	})
+
+	t.Run("clear leases of a key deleted behind the store's back", func(t *testing.T) {
+		e := newEnv(t, key("a", "default", 1))
+		allocate(t, e.plain(), req("default"))
+		require.NoError(t, e.cat.Delete(t.Context(), "a"))
+		n, err := e.admin.ClearLeases(t.Context(), "a")
+		require.NoError(t, err)
+		require.Equal(t, 1, n, "its leases are cleared all the same")
 	})
 
 	t.Run("ready", func(t *testing.T) {

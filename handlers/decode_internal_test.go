@@ -1,0 +1,56 @@
+package handlers
+
+import (
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/gin-gonic/gin"
+	"github.com/stretchr/testify/require"
+)
+
+// A body that does not decode is answered in JSON's words, naming the
+// field as the request spells it, and never quoting what it carried.
+func TestDecodeAnswers(t *testing.T) {
+	gin.SetMode(gin.TestMode)
+	for _, c := range []struct {
+		name, body    string
+		bulk          bool
+		code, message string
+		field         string
+	}{
+		{"not JSON", `{"provider":`, false, "invalid_request", "body is not valid JSON", ""},
+		{"not an object", `["sk-secret"]`, false, "invalid_request", "body: want a JSON object", ""},
+		{"a string for a number", `{"lease_seconds":"sk-secret"}`, false, "invalid_request", "lease_seconds: want a JSON integer", "lease_seconds"},
+		{"unknown field", `{"surprise":1}`, false, "invalid_request", "unknown field surprise", "surprise"},
+		{"more after the object", `{"provider":"p"} {}`, false, "invalid_request", "body must hold one JSON object, and nothing after it", ""},
+		{"a bulk item's embedded field", `[{"id":"k","max_concurrent_uses":"sk-secret"}]`, true, "invalid_request", "max_concurrent_uses: want a JSON integer", "max_concurrent_uses"},
+		{"an object for a bulk body", `{"id":"k"}`, true, "invalid_request", "body: want a JSON array", ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			w := httptest.NewRecorder()
+			ctx, _ := gin.CreateTestContext(w)
+			ctx.Request = httptest.NewRequest(http.MethodPost, "/", strings.NewReader(c.body))
+			var ok bool
+			if c.bulk {
+				var dst []putKeysItem
+				ok = decode(ctx, &dst)
+			} else {
+				var dst allocateRequest
+				ok = decode(ctx, &dst)
+			}
+			require.False(t, ok)
+			require.Equal(t, http.StatusBadRequest, w.Code)
+			require.NotContains(t, w.Body.String(), "sk-secret")
+			var out struct {
+				Error struct{ Code, Message, Field string }
+			}
+			require.NoError(t, json.Unmarshal(w.Body.Bytes(), &out))
+			require.Equal(t, c.code, out.Error.Code)
+			require.Equal(t, c.message, out.Error.Message)
+			require.Equal(t, c.field, out.Error.Field)
+		})
+	}
+}
