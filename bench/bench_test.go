@@ -74,13 +74,7 @@ func cells(t *testing.T, grids ...bench.Grid) []bench.Cell {
 func TestAuditCatchesUnsafeStore(t *testing.T) {
 	g := grid([]string{"hot"}, 8, 1, 1, 2)
 	g.HoldDist, g.Pauses = "fixed", []time.Duration{100 * time.Microsecond}
-	optimistic, err := bench.Select(bench.Strategies(), "optimistic")
-	require.NoError(t, err)
-	cfg := config(append([]bench.Strategy{unsafeStrategy}, optimistic...), cells(t, g))
-	var out bytes.Buffer
-	cfg.Stdout = &out
-	rep, err := bench.Run(context.Background(), cfg)
-	require.ErrorIs(t, err, bench.ErrOversold)
+	rep := runOversold(t, g)
 	require.Len(t, rep.Runs, 4)
 	for _, run := range rep.Runs {
 		if run.Strategy != "unsafe" {
@@ -93,7 +87,21 @@ func TestAuditCatchesUnsafeStore(t *testing.T) {
 		require.Contains(t, run.Audit.First, "holders of k0, limit 1")
 		require.Zero(t, run.Audit.StateViolations, "the end state alone would not have shown it")
 	}
+}
+
+// runOversold runs the unsafe store and the correct one on g's cells, and
+// checks that the run failed its audit, in the error and in the report.
+func runOversold(t *testing.T, g bench.Grid) *report.Report {
+	t.Helper()
+	optimistic, err := bench.Select(bench.Strategies(), "optimistic")
+	require.NoError(t, err)
+	cfg := config(append([]bench.Strategy{unsafeStrategy}, optimistic...), cells(t, g))
+	var out bytes.Buffer
+	cfg.Stdout = &out
+	rep, err := bench.Run(context.Background(), cfg)
+	require.ErrorIs(t, err, bench.ErrOversold)
 	require.Contains(t, out.String(), "**Oversell audit: FAILED.**")
+	return rep
 }
 
 // Callers that hold for zero give a lease up microseconds after the
@@ -103,13 +111,7 @@ func TestAuditCatchesUnsafeStore(t *testing.T) {
 func TestAuditReadsTheStoreDuringZeroHolds(t *testing.T) {
 	g := grid([]string{"hot"}, 8, 1, 1)
 	g.Hold, g.HoldDist, g.Duration = 0, "fixed", 500*time.Millisecond
-	optimistic, err := bench.Select(bench.Strategies(), "optimistic")
-	require.NoError(t, err)
-	cfg := config(append([]bench.Strategy{unsafeStrategy}, optimistic...), cells(t, g))
-	var out bytes.Buffer
-	cfg.Stdout = &out
-	rep, err := bench.Run(context.Background(), cfg)
-	require.ErrorIs(t, err, bench.ErrOversold)
+	rep := runOversold(t, g)
 	require.Len(t, rep.Runs, 2)
 	for _, run := range rep.Runs {
 		require.Positive(t, run.Audit.Samples, "%s: read during the run", run.Strategy)
@@ -119,7 +121,6 @@ func TestAuditReadsTheStoreDuringZeroHolds(t *testing.T) {
 		}
 		require.Positive(t, run.Audit.StateViolations, "the store's state during the run must show it")
 	}
-	require.Contains(t, out.String(), "**Oversell audit: FAILED.**")
 }
 
 // A short run of every store, twice, in one and two processes and in an

@@ -410,7 +410,7 @@ func (b *Broker) replay(ctx context.Context, l optimistic.Lease, model string, t
 	if err != nil {
 		return Grant{}, err
 	}
-	if false && !k.Supports(model) {
+	if !k.Supports(model) {
 		return Grant{}, b.revoke(ctx, l.LeaseRef, "key no longer serves the model")
 	}
 	l.Until = until

@@ -723,44 +723,37 @@ func TestReplay(t *testing.T) {
 	require.Equal(t, retried.LeaseRef, allocate(t, b, withID("r3", time.Minute)).LeaseRef)
 }
 
+// A replay whose key the catalog no longer backs for the request (the
+// key disabled; or no longer serving the model the id was served on, which
+// a fresh grant's re-check would refuse too) is given back, and the
+// request allocated afresh.
 func TestReplayRevokedKey(t *testing.T) {
-	e := newEnv(t, key("a", "default", 1), key("b", "default", 1))
-	b := e.plain()
-	r := req("default")
-	r.RequestID = "r1"
-	first := allocate(t, b, r)
+	for _, c := range []struct {
+		name   string
+		change func(k *catalog.Key)
+	}{
+		{"disabled", func(k *catalog.Key) { k.Status = optimistic.StatusDisabled }},
+		{"no longer serves the model", func(k *catalog.Key) { k.Models = []string{"gpt-3.5"} }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e := newEnv(t, key("a", "default", 1), key("b", "default", 1))
+			b := e.plain()
+			r := req("default")
+			r.RequestID = "r1"
+			first := allocate(t, b, r)
 
-	k := e.get(t, first.KeyID)
-	k.Status = optimistic.StatusDisabled
-	_, err := e.cat.Put(t.Context(), k) // the catalog only: Renew must see it there
-	require.NoError(t, err)
+			k := e.get(t, first.KeyID)
+			c.change(&k)
+			_, err := e.cat.Put(t.Context(), k) // the catalog only: Renew must see it there
+			require.NoError(t, err)
 
-	g := allocate(t, b, r)
-	require.NotEqual(t, first.KeyID, g.KeyID, "the replay finds its lease revoked and allocates afresh")
-	require.Zero(t, e.live(t, first.KeyID))
-	require.Equal(t, 1, e.live(t, g.KeyID))
-}
-
-// A replay whose key no longer serves the model the id was served on is
-// given back, and the request allocated afresh, as a fresh grant's
-// re-check would refuse that key.
-func TestReplayKeyNoLongerServesTheModel(t *testing.T) {
-	e := newEnv(t, key("a", "default", 1), key("b", "default", 1))
-	b := e.plain()
-	r := req("default")
-	r.RequestID = "r1"
-	first := allocate(t, b, r)
-
-	k := e.get(t, first.KeyID)
-	k.Models = []string{"gpt-3.5"}
-	_, err := e.cat.Put(t.Context(), k)
-	require.NoError(t, err)
-
-	g := allocate(t, b, r)
-	require.NotEqual(t, first.KeyID, g.KeyID, "the replay's key no longer serves the model")
-	require.Equal(t, "sk-"+g.KeyID, g.Secret.Reveal())
-	require.Zero(t, e.live(t, first.KeyID))
-	require.Equal(t, 1, e.live(t, g.KeyID))
+			g := allocate(t, b, r)
+			require.NotEqual(t, first.KeyID, g.KeyID, "the replay finds its lease revoked and allocates afresh")
+			require.Equal(t, "sk-"+g.KeyID, g.Secret.Reveal())
+			require.Zero(t, e.live(t, first.KeyID))
+			require.Equal(t, 1, e.live(t, g.KeyID))
+		})
+	}
 }
 
 func TestRequestInFlight(t *testing.T) {
