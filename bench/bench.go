@@ -254,7 +254,7 @@ func (h *harness) run(ctx context.Context, seedIndex int, cell Cell, s Strategy)
 			return report.Run{}, err
 		}
 		defer probe.close()
-		during = sample(ctx, probe.store.Inspect, spec.KeyIDs(), spec.Limit)
+		during = sample(ctx, probe.store.Inspect, spec.KeyIDs(), spec.Limit, inspectBatch)
 		defer during.stop()
 	}
 	if cell.Procs == 1 {

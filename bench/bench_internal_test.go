@@ -2,10 +2,12 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -226,4 +228,42 @@ func TestServiceLiveLeases(t *testing.T) {
 	s.admin = "wrong"
 	_, err = s.liveLeases(t.Context(), "a")
 	require.ErrorContains(t, err, "401")
+}
+
+// The sampler reads the keys batch by batch, in turn, and counts only the
+// reads that answered.
+func TestSamplerReadsInTurn(t *testing.T) {
+	ids := []string{"a", "b", "c", "d", "e"}
+	var mu sync.Mutex
+	var asked [][]string
+	reads := make(chan struct{}, 100)
+	sm := sample(t.Context(), func(_ context.Context, keyIDs ...string) ([]optimistic.KeyInfo, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		asked = append(asked, keyIDs)
+		reads <- struct{}{}
+		out := make([]optimistic.KeyInfo, len(keyIDs))
+		for i, id := range keyIDs {
+			out[i] = optimistic.KeyInfo{ID: id, Exists: true, Live: 1}
+		}
+		return out, nil
+	}, ids, 1, 2)
+	for range 4 {
+		<-reads
+	}
+	a := sm.stop()
+	require.True(t, a.OK(), "%+v", a)
+	require.GreaterOrEqual(t, a.Samples, 4)
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, [][]string{{"a", "b"}, {"c", "d"}, {"e"}, {"a", "b"}}, asked[:4])
+
+	failing := sample(t.Context(), func(context.Context, ...string) ([]optimistic.KeyInfo, error) {
+		reads <- struct{}{}
+		return nil, errors.New("down")
+	}, ids, 1, 5)
+	for range 3 {
+		<-reads
+	}
+	require.Zero(t, failing.stop().Samples, "a read that failed checked nothing")
 }

@@ -113,6 +113,16 @@ func (s *service) liveLeases(ctx context.Context, ids ...string) ([]optimistic.K
 	return out, nil
 }
 
+// clearLeases force-releases every lease of the keys.
+func (s *service) clearLeases(ctx context.Context, ids []string) error {
+	for _, id := range ids {
+		if err := s.adminCall(ctx, http.MethodPost, "keys/"+id+"/clear-leases", nil); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // check runs one allocate and report, which must both succeed, before
 // anything is measured.
 func (s *service) check(ctx context.Context, leaseSeconds int) error {
@@ -189,7 +199,7 @@ func drive(ctx context.Context, svcs []*service, spec workload.Spec, ids []strin
 	dials := totalDials(svcs)
 	// Callers give their grants up at once: the store's state is read
 	// during the run (see sampler), through the admin API.
-	during := sample(ctx, svcs[0].liveLeases, ids, spec.Limit)
+	during := sample(ctx, svcs[0].liveLeases, ids, spec.Limit, len(ids))
 	defer during.stop()
 	start := time.Now()
 	deadline := start.Add(spec.Duration)

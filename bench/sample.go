@@ -3,7 +3,6 @@ package bench
 import (
 	"context"
 	"fmt"
-	"slices"
 	"sync"
 	"time"
 
@@ -21,13 +20,12 @@ type readLive func(ctx context.Context, keyIDs ...string) ([]optimistic.KeyInfo,
 // sampler is the audit's reading of the store's own state during a run
 // whose callers hold for zero. A lease then lives from its grant's commit
 // to its release's, but the harness counts its holder only from the
-// grant's answer to the release's request, a few microseconds: its count
-// of holders would see two leases overlap only by chance, and the check
-// after the run finds every lease released. So every sampleEvery until
-// stopped it reads the keys' live leases (in batches of inspectBatch) and
-// notes every key over its limit, or missing, as a state violation. A
-// read that fails is not one (the run's own calls count store errors);
-// the samples taken are counted.
+// grant's answer to the release's request: its count of holders would see
+// two leases overlap only by chance, and the check after the run finds
+// every lease released. So every sampleEvery it reads the live leases of
+// up to batch keys, the next ones in turn, and notes every key over its
+// limit, or missing, as a state violation. Only reads that answered count
+// as samples (the run's own calls count store errors).
 type sampler struct {
 	cancel context.CancelFunc
 	done   chan report.Audit
@@ -35,29 +33,31 @@ type sampler struct {
 	found  report.Audit
 }
 
-// sample starts a sampler of ids, of limit, through read.
-func sample(ctx context.Context, read readLive, ids []string, limit int) *sampler {
+// sample starts a sampler of ids, of limit, through read, batch keys a
+// read.
+func sample(ctx context.Context, read readLive, ids []string, limit, batch int) *sampler {
 	ctx, cancel := context.WithCancel(ctx)
 	sm := &sampler{cancel: cancel, done: make(chan report.Audit, 1)}
 	go func() {
 		var a report.Audit
 		tick := time.NewTicker(sampleEvery)
 		defer tick.Stop()
-		for {
+		for next := 0; ; {
 			select {
 			case <-ctx.Done():
 				sm.done <- a
 				return
 			case <-tick.C:
 			}
-			for batch := range slices.Chunk(ids, inspectBatch) {
-				infos, err := read(ctx, batch...)
-				if err != nil {
-					break
-				}
+			end := min(next+batch, len(ids))
+			infos, err := read(ctx, ids[next:end]...)
+			if err == nil {
 				checkLive(infos, limit, "during the run", &a)
+				a.Samples++
 			}
-			a.Samples++
+			if next = end; next == len(ids) {
+				next = 0
+			}
 		}
 	}()
 	return sm

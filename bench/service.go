@@ -357,6 +357,12 @@ func serviceCell(ctx context.Context, cfg ServiceConfig, h *harness, s Strategy,
 			return nil, err
 		}
 	}
+	// A cell starts with no lease taken: one a failed cycle of the cell
+	// before left (an answer lost, a report that failed) would count
+	// against a lower limit here, where the audit reads the store.
+	if err := svcs[0].clearLeases(ctx, ids); err != nil {
+		return nil, err
+	}
 	// Every instance grants from the catalog the keys were written to.
 	for _, svc := range svcs {
 		if err := svc.check(ctx, cells[0].LeaseSeconds); err != nil {

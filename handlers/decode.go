@@ -73,8 +73,6 @@ func jsonKind(t reflect.Type) string {
 		t = t.Elem()
 	}
 	switch {
-	case t == reflect.TypeFor[time.Time]():
-		return "string (an RFC 3339 time)"
 	case t.Kind() == reflect.String:
 		return "string"
 	case t.Kind() == reflect.Bool:

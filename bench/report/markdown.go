@@ -59,7 +59,7 @@ func (r *Report) markdownAudit(b *strings.Builder) {
 	b.WriteString("**Oversell audit: FAILED.**\n\n")
 	for _, run := range r.Runs {
 		if !run.Audit.OK() {
-			fmt.Fprintf(b, "- %s, %s: %d holder violations (max %d holders, limit %d), %d keys over the limit in the store; first: %s\n",
+			fmt.Fprintf(b, "- %s, %s: %d holder violations (max %d holders, limit %d), %d times a key over its limit in the store; first: %s\n",
 				run.Strategy, cellLabel(run), run.Audit.HolderViolations, run.Audit.MaxHolders, run.Limit,
 				run.Audit.StateViolations, run.Audit.First)
 		}

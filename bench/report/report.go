@@ -258,13 +258,15 @@ type Audit struct {
 	HolderViolations int64 `json:"holder_violations"`
 	// MaxHolders is the highest holder count of one key at any grant.
 	MaxHolders int64 `json:"max_holders"`
-	// StateViolations counts keys found with more live leases than the
-	// limit (or missing) in the store's own state: after the run, and in
-	// the Samples read during a run whose callers hold for zero.
+	// StateViolations counts the times a key was found with more live
+	// leases than the limit (or missing) in the store's own state: after
+	// the run, and in each of the Samples read during a run whose callers
+	// hold for zero.
 	StateViolations int `json:"state_violations"`
-	// Samples is how many times the store's state was read during the run
-	// (every 20 ms, when callers hold for zero: their holds are too short
-	// for the harness's count of holders to see leases overlap).
+	// Samples is how many reads of the store's state answered during the
+	// run (every 20 ms, of up to 256 keys each, in turn, when callers hold
+	// for zero: their holds are too short for the harness's count of
+	// holders to see leases overlap).
 	Samples int `json:"samples,omitempty"`
 	// First describes the first violation found.
 	First string `json:"first,omitempty"`

@@ -314,7 +314,7 @@ func (r *ServiceReport) markdownAudit(b *strings.Builder) {
 			}{{"service", rep.Service.Audit}, {"store", rep.Store.Audit}} {
 				if !a.audit.OK() {
 					fmt.Fprintf(b, "- %s, %s, repetition %d: %d holder violations (max %d holders, limit %d), "+
-						"%d keys over the limit in the store; first: %s\n", a.what, serviceLabel(c), i+1,
+						"%d times a key over its limit in the store; first: %s\n", a.what, serviceLabel(c), i+1,
 						a.audit.HolderViolations, a.audit.MaxHolders, c.Limit, a.audit.StateViolations, a.audit.First)
 				}
 			}

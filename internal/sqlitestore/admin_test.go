@@ -94,4 +94,7 @@ func TestCallsAfterCloseFail(t *testing.T) {
 	require.ErrorIs(t, s.Release(ctx, l.LeaseRef), optimistic.ErrStore)
 	_, err = s.Inspect(ctx, "k")
 	require.ErrorIs(t, err, optimistic.ErrStore)
+	require.ErrorIs(t, s.Ping(ctx), optimistic.ErrStore)
+	_, err = s.Await(ctx, []string{"k"})
+	require.ErrorIs(t, err, optimistic.ErrStore)
 }

@@ -83,6 +83,9 @@ func (s *Store) Await(_ context.Context, keyIDs []string) (*optimistic.Place, er
 	if err := optimistic.CheckKeyIDs(keyIDs...); err != nil {
 		return nil, err
 	}
+	if s.closed.Load() {
+		return nil, errClosed
+	}
 	return s.queue.Join(keyIDs), nil
 }
 
@@ -91,6 +94,9 @@ func (s *Store) Waiting() int { return s.queue.Len() }
 
 // Ping checks that the file answers and holds the store's tables.
 func (s *Store) Ping(ctx context.Context) error {
+	if s.closed.Load() {
+		return errClosed
+	}
 	var n int
 	err := s.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM lease_schema`).Scan(&n)
 	return sqlitex.Classify(ctx, "ping", err)
