@@ -81,6 +81,13 @@ func (a internalAPI) allocate(c *gin.Context) {
 	g, err := a.svc.Allocate(ctx, broker.Request{
 		Provider: req.Provider, Model: req.Model, Pool: req.Pool, TTL: ttl, RequestID: req.RequestID, Wait: wait,
 	})
+	if err == nil && ctx.Err() != nil {
+		// Granted as the caller hung up, or as the deadline passed: nobody
+		// would use or release the lease, so it goes back now rather than
+		// at its expiry.
+		a.giveBack(ctx, g.LeaseRef)
+		err = ctx.Err()
+	}
 	a.m.observeAllocate(err, g.Stats, time.Since(start), wait > 0)
 	if err != nil {
 		failErr(c, err)
@@ -93,6 +100,17 @@ func (a internalAPI) allocate(c *gin.Context) {
 		ProviderModel: g.Model, LeaseUntil: g.Until.UTC(),
 		Credential: credential{APIKey: g.Secret.Reveal()},
 	})
+}
+
+// giveBackTimeout bounds the release of a lease nobody took.
+const giveBackTimeout = 5 * time.Second
+
+// giveBack releases a granted lease that no caller will take, after the
+// request's ctx ended.
+func (a internalAPI) giveBack(ctx context.Context, ref optimistic.LeaseRef) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), giveBackTimeout)
+	defer cancel()
+	_ = a.svc.Release(ctx, ref)
 }
 
 // leaseRequest names a lease; release, renew and report all carry it.
