@@ -17,7 +17,9 @@ import (
 // Options configure a Client or an Admin. A nil *Options means defaults.
 type Options struct {
 	// HTTPClient sends the requests. Its own Timeout, if any, applies on
-	// top of Timeout.
+	// top of Timeout. One that follows redirects sends the key header
+	// (X-Internal-Key, X-Admin-Key) to wherever they lead, another host
+	// too: the default follows none (a redirect is an *Error).
 	//
 	// default: a client of its own over a clone of http.DefaultTransport
 	// (over http.DefaultTransport itself if the application replaced it
@@ -74,7 +76,7 @@ func (o *Options) withDefaults() Options {
 		if t, ok := rt.(*http.Transport); ok {
 			rt = t.Clone()
 		}
-		out.HTTPClient = &http.Client{Transport: rt}
+		out.HTTPClient = &http.Client{Transport: rt, CheckRedirect: noRedirects}
 	}
 	if out.Timeout <= 0 {
 		out.Timeout = defaultTimeout
@@ -87,6 +89,10 @@ func (o *Options) withDefaults() Options {
 	}
 	return out
 }
+
+// noRedirects answers a redirect with itself: followed, it would carry the
+// key header to another host.
+func noRedirects(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 
 // conn sends JSON requests with one key header to one service.
 type conn struct {

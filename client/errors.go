@@ -57,7 +57,8 @@ var (
 	// ErrKeyNotFound (404 key_not_found): admin, no key has that id.
 	ErrKeyNotFound = errors.New("client: key not found")
 	// ErrUnreachable: no answer came back (connection refused or cut, the
-	// client's Timeout), while the caller's ctx was still live.
+	// client's Timeout), while the caller's ctx was still live; or a proxy
+	// in between answered 502, 503 or 504 in its own words.
 	ErrUnreachable = errors.New("client: service unreachable")
 	// ErrNotReported wraps the error of Hold's final report: the outcome
 	// was not recorded (the lease then expires by itself). The work itself
@@ -113,4 +114,15 @@ func (e *Error) Error() string {
 }
 
 // Unwrap returns the sentinel of the code (ErrPoolExhausted, …), if any.
-func (e *Error) Unwrap() error { return codes[e.Code] }
+// A 502, 503 or 504 without the service's code is a proxy's or load
+// balancer's: the request may or may not have reached the service, as
+// with no answer at all, so it is ErrUnreachable.
+func (e *Error) Unwrap() error {
+	if e.Code == "" {
+		switch e.StatusCode {
+		case http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
+			return ErrUnreachable
+		}
+	}
+	return codes[e.Code]
+}

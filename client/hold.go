@@ -120,7 +120,8 @@ func (c *Client) finish(ctx context.Context, ref LeaseRef, o Outcome, cool time.
 		if !resendable(err) {
 			return err
 		}
-		unknown = unknown || errors.Is(err, ErrUnreachable) || errors.Is(err, ErrTimeout)
+		// A store failure may hide a release that went through too.
+		unknown = unknown || errors.Is(err, ErrUnreachable) || errors.Is(err, ErrTimeout) || errors.Is(err, ErrStoreUnavailable)
 		t := time.NewTimer(pause/2 + rand.N(pause+1))
 		select {
 		case <-ctx.Done():

@@ -53,7 +53,8 @@ func retryable(err error) (time.Duration, bool) {
 	case errors.Is(e, ErrPoolExhausted):
 		return e.RetryAfter, e.RetryAfter > 0
 	case errors.Is(e, ErrContended), errors.Is(e, ErrRequestInFlight),
-		errors.Is(e, ErrTimeout), errors.Is(e, ErrStoreUnavailable):
+		errors.Is(e, ErrTimeout), errors.Is(e, ErrStoreUnavailable),
+		errors.Is(e, ErrUnreachable): // a proxy's 502, 503, 504
 		return e.RetryAfter, true
 	}
 	return 0, false

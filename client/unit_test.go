@@ -32,6 +32,11 @@ func TestRetryable(t *testing.T) {
 		{&Error{StatusCode: 503, Code: "store_unavailable"}, 0, true},
 		{&Error{StatusCode: 503, Code: "timeout"}, 0, true},
 		{fmt.Errorf("%w: POST /api/internal/allocate-key: EOF", ErrUnreachable), 0, true},
+		// A proxy's own gateway answer may hide one as well.
+		{&Error{StatusCode: 502}, 0, true},
+		{&Error{StatusCode: 503}, 0, true},
+		{&Error{StatusCode: 504}, 0, true},
+		{&Error{StatusCode: 500}, 0, false},
 		{&Error{StatusCode: 503, Code: "catalog_unavailable"}, 0, false},
 		{&Error{StatusCode: 400, Code: "invalid_request"}, 0, false},
 		{context.Canceled, 0, false},
@@ -185,4 +190,59 @@ func TestStandardLibraryOnly(t *testing.T) {
 	out, err := exec.Command(gobin, "list", "-deps", "-f", "{{if not .Standard}}{{.ImportPath}}{{end}}", ".").CombinedOutput()
 	require.NoError(t, err, "%s", out)
 	require.Equal(t, []string{"github.com/credpool/credpool/client"}, strings.Fields(string(out)))
+}
+
+// The default HTTP client follows no redirect: the key header would go
+// with it, to another host too.
+func TestNoRedirectCarriesTheKey(t *testing.T) {
+	// A fake service: the tests' transport checks answers against the
+	// OpenAPI document, which a redirect or a canned answer is not about.
+	orig := http.DefaultTransport
+	t.Cleanup(func() { http.DefaultTransport = orig })
+	http.DefaultTransport = new(http.Transport)
+	var leaked atomic.Int32
+	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("X-Internal-Key") != "" {
+			leaked.Add(1)
+		}
+	}))
+	defer other.Close()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, other.URL+r.URL.Path, http.StatusTemporaryRedirect)
+	}))
+	defer srv.Close()
+	c, err := New(srv.URL, "internal-key-secret", nil)
+	require.NoError(t, err)
+	_, err = c.Allocate(t.Context(), AllocateRequest{Provider: "openai", Model: "m"})
+	var e *Error
+	require.ErrorAs(t, err, &e)
+	require.Equal(t, http.StatusTemporaryRedirect, e.StatusCode)
+	require.Zero(t, leaked.Load(), "the key went to the redirect's host")
+}
+
+// A report answered 503 store_unavailable may have gone through (the
+// store's reply lost after it applied it): a resend then answered "not
+// found" is taken as that earlier report's success, not as a lost lease.
+func TestFinishAfterAStoreFailureThatWentThrough(t *testing.T) {
+	// A fake service: the tests' transport checks answers against the
+	// OpenAPI document, which a redirect or a canned answer is not about.
+	orig := http.DefaultTransport
+	t.Cleanup(func() { http.DefaultTransport = orig })
+	http.DefaultTransport = new(http.Transport)
+	var reports atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		if reports.Add(1) == 1 {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = io.WriteString(w, `{"error":{"code":"store_unavailable","message":"x"}}`)
+			return
+		}
+		_, _ = io.WriteString(w, `{"released":false,"reason":"not_found_or_expired"}`)
+	}))
+	defer srv.Close()
+	c, err := New(srv.URL, "internal-key-secret", nil)
+	require.NoError(t, err)
+	ref := LeaseRef{Provider: "openai", Pool: "default", KeyID: "k", LeaseID: "l"}
+	require.NoError(t, c.finish(t.Context(), ref, Success, 0))
+	require.Equal(t, int32(2), reports.Load())
 }

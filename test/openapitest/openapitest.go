@@ -254,6 +254,9 @@ func (a *openAPI) check(input *openapi3filter.RequestValidationInput, routeErr, 
 	// The status is documented (ValidateResponse checked that): its body.
 	code := strconv.Itoa(resp.StatusCode)
 	ref := input.Route.Operation.Responses.Value(code)
+	if ref == nil {
+		return fmt.Errorf("status %s is not documented for this route", code)
+	}
 	at := pointer("paths", input.Route.Path, strings.ToLower(input.Request.Method), "responses", code)
 	if ref.Ref != "" {
 		at = strings.TrimPrefix(ref.Ref, "#")
