@@ -195,11 +195,7 @@ func TestStandardLibraryOnly(t *testing.T) {
 // The default HTTP client follows no redirect: the key header would go
 // with it, to another host too.
 func TestNoRedirectCarriesTheKey(t *testing.T) {
-	// A fake service: the tests' transport checks answers against the
-	// OpenAPI document, which a redirect or a canned answer is not about.
-	orig := http.DefaultTransport
-	t.Cleanup(func() { http.DefaultTransport = orig })
-	http.DefaultTransport = new(http.Transport)
+	plainTransport(t)
 	var leaked atomic.Int32
 	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("X-Internal-Key") != "" {
@@ -224,11 +220,7 @@ func TestNoRedirectCarriesTheKey(t *testing.T) {
 // store's reply lost after it applied it): a resend then answered "not
 // found" is taken as that earlier report's success, not as a lost lease.
 func TestFinishAfterAStoreFailureThatWentThrough(t *testing.T) {
-	// A fake service: the tests' transport checks answers against the
-	// OpenAPI document, which a redirect or a canned answer is not about.
-	orig := http.DefaultTransport
-	t.Cleanup(func() { http.DefaultTransport = orig })
-	http.DefaultTransport = new(http.Transport)
+	plainTransport(t)
 	var reports atomic.Int32
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
@@ -245,4 +237,13 @@ func TestFinishAfterAStoreFailureThatWentThrough(t *testing.T) {
 	ref := LeaseRef{Provider: "openai", Pool: "default", KeyID: "k", LeaseID: "l"}
 	require.NoError(t, c.finish(t.Context(), ref, Success, 0))
 	require.Equal(t, int32(2), reports.Load())
+}
+
+// plainTransport makes http.DefaultTransport a plain one for t: the tests'
+// own checks answers against the OpenAPI document, which a fake service's
+// redirect or canned answer is not about.
+func plainTransport(t *testing.T) {
+	orig := http.DefaultTransport
+	t.Cleanup(func() { http.DefaultTransport = orig })
+	http.DefaultTransport = new(http.Transport)
 }
