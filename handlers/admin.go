@@ -155,8 +155,8 @@ type putKeysItem struct {
 // putMany writes every key of the body or none: each is checked here and
 // by the catalog before any is written, in one transaction.
 func (a adminAPI) putMany(c *gin.Context) {
-	var req []putKeysItem
-	if !decodeUpTo(c, &req, maxBulkBody) {
+	req, ok := decodeItems[putKeysItem](c, maxBulkBody)
+	if !ok {
 		return
 	}
 	if len(req) == 0 || len(req) > maxPutKeys {

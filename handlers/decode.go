@@ -1,6 +1,8 @@
 package handlers
 
 import (
+	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -33,34 +35,67 @@ func decodeUpTo(c *gin.Context, dst any, limit int64) bool {
 	if err == nil {
 		return true
 	}
+	refuse(c, err, limit, "")
+	return false
+}
+
+// decodeItems is decode for a JSON array of at most limit bytes, item by
+// item, so that a refusal names the item at fault: [i].field.
+func decodeItems[T any](c *gin.Context, limit int64) ([]T, bool) {
+	var raw []json.RawMessage
+	if !decodeUpTo(c, &raw, limit) {
+		return nil, false
+	}
+	out := make([]T, len(raw))
+	for i, item := range raw {
+		dec := json.NewDecoder(bytes.NewReader(item))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&out[i]); err != nil {
+			refuse(c, err, limit, fmt.Sprintf("[%d]", i))
+			return nil, false
+		}
+	}
+	return out, true
+}
+
+// refuse writes the 400 or 413 for err, a decoding error of a body of at
+// most limit bytes, or of its item at (empty: the body itself).
+func refuse(c *gin.Context, err error, limit int64, at string) {
 	var (
 		tooBig    *http.MaxBytesError
 		syntax    *json.SyntaxError
 		wrongType *json.UnmarshalTypeError
 		badTime   *time.ParseError
 	)
+	// field names a field of the body, or of its item at.
+	field := func(name string) string {
+		if at == "" {
+			return name
+		}
+		return at + "." + name
+	}
+	where := cmp.Or(at, "body")
 	switch {
 	case errors.As(err, &tooBig):
 		fail(c, http.StatusRequestEntityTooLarge, "body_too_large", fmt.Sprintf("body over %d bytes", limit), "")
 	case errors.Is(err, errTrailing):
 		fail(c, http.StatusBadRequest, "invalid_request", err.Error(), "")
 	case errors.As(err, &wrongType) && wrongType.Field == "":
-		fail(c, http.StatusBadRequest, "invalid_request", "body: want a JSON "+jsonKind(wrongType.Type), "")
+		fail(c, http.StatusBadRequest, "invalid_request", where+": want a JSON "+jsonKind(wrongType.Type), at)
 	case errors.As(err, &wrongType):
-		field := jsonPath(wrongType.Field)
-		fail(c, http.StatusBadRequest, "invalid_request", fmt.Sprintf("%s: want a JSON %s", field, jsonKind(wrongType.Type)), field)
+		f := field(jsonPath(wrongType.Field))
+		fail(c, http.StatusBadRequest, "invalid_request", fmt.Sprintf("%s: want a JSON %s", f, jsonKind(wrongType.Type)), f)
 	case strings.HasPrefix(err.Error(), "json: unknown field "):
-		field := strings.Trim(strings.TrimPrefix(err.Error(), "json: unknown field "), `"`)
-		fail(c, http.StatusBadRequest, "invalid_request", "unknown field "+field, field)
+		f := field(strings.Trim(strings.TrimPrefix(err.Error(), "json: unknown field "), `"`))
+		fail(c, http.StatusBadRequest, "invalid_request", "unknown field "+f, f)
 	case errors.As(err, &badTime):
-		fail(c, http.StatusBadRequest, "invalid_request", "a time field: want RFC 3339, e.g. 2026-11-30T12:00:00Z", "")
+		fail(c, http.StatusBadRequest, "invalid_request", field("a time field")+": want RFC 3339, e.g. 2026-11-30T12:00:00Z", at)
 	case errors.As(err, &syntax), errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
 		fail(c, http.StatusBadRequest, "invalid_request", "body is not valid JSON", "")
 	default:
 		// Never the decoder's own words: they can quote the value.
-		fail(c, http.StatusBadRequest, "invalid_request", "body does not match the expected fields and types", "")
+		fail(c, http.StatusBadRequest, "invalid_request", where+" does not match the expected fields and types", at)
 	}
-	return false
 }
 
 // errTrailing is the answer to a body with more after its JSON object.

@@ -26,7 +26,9 @@ func TestDecodeAnswers(t *testing.T) {
 		{"a string for a number", `{"lease_seconds":"sk-secret"}`, false, "invalid_request", "lease_seconds: want a JSON integer", "lease_seconds"},
 		{"unknown field", `{"surprise":1}`, false, "invalid_request", "unknown field surprise", "surprise"},
 		{"more after the object", `{"provider":"p"} {}`, false, "invalid_request", "body must hold one JSON object, and nothing after it", ""},
-		{"a bulk item's embedded field", `[{"id":"k","max_concurrent_uses":"sk-secret"}]`, true, "invalid_request", "max_concurrent_uses: want a JSON integer", "max_concurrent_uses"},
+		{"a bulk item's embedded field", `[{"id":"k"},{"id":"j","max_concurrent_uses":"sk-secret"}]`, true, "invalid_request", "[1].max_concurrent_uses: want a JSON integer", "[1].max_concurrent_uses"},
+		{"a bulk item's unknown field", `[{"id":"k","surprise":1}]`, true, "invalid_request", "unknown field [0].surprise", "[0].surprise"},
+		{"a bulk item not an object", `[{"id":"k"},"sk-secret"]`, true, "invalid_request", "[1]: want a JSON object", "[1]"},
 		{"an object for a bulk body", `{"id":"k"}`, true, "invalid_request", "body: want a JSON array", ""},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -35,8 +37,7 @@ func TestDecodeAnswers(t *testing.T) {
 			ctx.Request = httptest.NewRequest(http.MethodPost, "/", strings.NewReader(c.body))
 			var ok bool
 			if c.bulk {
-				var dst []putKeysItem
-				ok = decode(ctx, &dst)
+				_, ok = decodeItems[putKeysItem](ctx, maxBulkBody)
 			} else {
 				var dst allocateRequest
 				ok = decode(ctx, &dst)
