@@ -16,7 +16,8 @@ import (
 // On Redis Cluster, a master that does not answer (the key's, or its
 // pool's) makes it fail with ErrUnreachable too, so that a caller syncing
 // many keys can go on with the others.
-// Leases, the fencing counter and a stored last_used_at are kept:
+// Leases, the fencing counter (a new HASH's starts by the clock), a hold
+// after a loss (see Options.LostHold) and a stored last_used_at are kept:
 // k.LastUsedAt only fills in a missing one, with HSETNX, so that a grant
 // committed meanwhile is never overwritten. Allocate checks membership on
 // the HASH, so a partial failure can at worst leave a stale member in an
@@ -30,6 +31,18 @@ func (s *Store) SyncKey(ctx context.Context, k KeyState) error {
 	if err != nil {
 		return Classify(ctx, "sync key", s.markPartial(ctx, err))
 	}
+	oldProvider, _ := old[0].(string)
+	oldPool, _ := old[1].(string)
+	var seed int64
+	if oldProvider == "" {
+		// A HASH made anew takes a fence by the store's clock, above every
+		// one a process saw on the key before it was deleted or lost, so
+		// that it is never found behind for that, and a loss before its
+		// first grant is noticed (see lost.go).
+		if seed, err = s.clockMicros(ctx, keyKey); err != nil {
+			return Classify(ctx, "sync key", s.markPartial(ctx, err))
+		}
+	}
 	cooldown := ""
 	if !k.CooldownUntil.IsZero() {
 		cooldown = strconv.FormatInt(k.CooldownUntil.UnixMilli(), 10)
@@ -41,9 +54,10 @@ func (s *Store) SyncKey(ctx context.Context, k KeyState) error {
 		if !k.LastUsedAt.IsZero() {
 			p.HSetNX(ctx, keyKey, rs.FieldLastUsed, k.LastUsedAt.UnixMilli())
 		}
+		if seed > 0 {
+			p.HSetNX(ctx, keyKey, rs.FieldFence, seed)
+		}
 		p.ZAdd(ctx, s.keys.Pool(k.Provider, k.Pool), redis.Z{Score: k.Score, Member: k.ID})
-		oldProvider, _ := old[0].(string)
-		oldPool, _ := old[1].(string)
 		if oldProvider != "" && (oldProvider != k.Provider || oldPool != k.Pool) {
 			p.ZRem(ctx, s.keys.Pool(oldProvider, oldPool), k.ID)
 		}
@@ -57,6 +71,17 @@ func (s *Store) SyncKey(ctx context.Context, k KeyState) error {
 		s.queue.WakeAll(k.ID)
 	}
 	return Classify(ctx, "sync key", s.markPartial(ctx, err))
+}
+
+// clockMicros reads the clock of the server that holds key, in
+// microseconds, as NextFence takes it.
+func (s *Store) clockMicros(ctx context.Context, key string) (int64, error) {
+	node, err := s.owner(ctx, key)
+	if err != nil {
+		return 0, err
+	}
+	now, err := node.Time(ctx).Result()
+	return now.UnixMicro(), err
 }
 
 // DeleteKey removes the key's pool membership, then in one transaction its
@@ -82,6 +107,9 @@ func (s *Store) DeleteKey(ctx context.Context, keyID string) error {
 		_, err := s.dropLeases(ctx, keyID, true)
 		return err
 	})
+	if err == nil {
+		s.fences.forget(keyID)
+	}
 	return Classify(ctx, "delete key", err)
 }
 
@@ -160,7 +188,13 @@ func (s *Store) Inspect(ctx context.Context, keyIDs ...string) ([]KeyInfo, error
 		clock  *redis.TimeCmd
 		hashes = make([]*redis.SliceCmd, len(keyIDs))
 		leases = make([]*redis.ZSliceCmd, len(keyIDs))
+		seen   = make([]int64, len(keyIDs))
 	)
+	for i, id := range keyIDs {
+		if !s.replicaReads {
+			seen[i] = s.fences.last(id)
+		}
+	}
 	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		clock = p.Time(ctx)
 		for i, id := range keyIDs {
@@ -193,12 +227,21 @@ func (s *Store) Inspect(ctx context.Context, keyIDs ...string) ([]KeyInfo, error
 		}
 		answered++
 		k, ls := parseKey(hashes[i].Val()), splitLeases(leases[i].Val(), now)
+		if k.behind(seen[i]) {
+			k.held = max(k.held, s.holdLost(ctx, id, seen[i]))
+		}
+		if !s.replicaReads {
+			s.sawRead(id, k)
+		}
 		cd, _ := parseMillis(k.cooldown)
 		free, _ := freeAt(k, ls, now)
 		out[i] = KeyInfo{
 			ID: id, Exists: k.exists, Provider: k.provider, Pool: k.pool, Status: k.status,
 			CooldownUntil: fromMillis(cd), Limit: k.limit, Live: ls.live,
 			FreeAt: fromMillis(free), Fence: k.fence, LastUsedAt: fromMillis(k.lastUsed),
+		}
+		if k.held > now {
+			out[i].HeldUntil = fromMillis(k.held)
 		}
 	}
 	if answered == 0 && len(keyIDs) > 0 {

@@ -375,6 +375,7 @@ func (a *allocation) decide(ctx context.Context, t *txn, keyID string) (verdict,
 			leases *redis.ZSliceCmd
 			record *redis.SliceCmd
 		)
+		seen := a.fences.last(keyID)
 		err := t.read(ctx, func(p redis.Pipeliner) {
 			clock = p.Time(ctx)
 			hash = p.HMGet(ctx, keyKey, keyFields...)
@@ -395,11 +396,23 @@ func (a *allocation) decide(ctx context.Context, t *txn, keyID string) (verdict,
 		}
 		v.settled = true
 		k := parseKey(hash.Val())
+		if k.behind(seen) {
+			if t.peek {
+				t.peek = false
+				continue
+			}
+			until, err := a.hold(ctx, t, keyID, k, seen, now)
+			if err == nil {
+				v.full, v.free = true, until
+			}
+			return v, err
+		}
+		a.sawRead(keyID, k)
 		ls := splitLeases(leases.Val(), now)
 		if !k.member(a.req.Provider, a.req.Pool) {
 			return v, nil
 		}
-		if !Usable(k.status, k.cooldown, now) || ls.live >= k.limit {
+		if !k.usable(now) || ls.live >= k.limit {
 			v.full = true
 			v.free, v.held = freeAt(k, ls, now)
 			return v, nil

@@ -88,11 +88,42 @@ func (c *storeClock) now(node *redis.Client) (int64, bool) {
 // for a handoff to take the next one (see above): Store.fenceFresh.
 const fenceFresh = time.Second
 
-// fences keeps the last fence this process saw granted on each key (by
-// its grants and handoffs). It is safe for concurrent use.
+// fences keeps the highest fence this process saw on each key: granted
+// (by its grants and handoffs) or read in the key HASH, so the store had
+// it. A read that finds a lower one, though sent after, is behind (see
+// keyState.behind). It is safe for concurrent use.
 type fences struct{ m sync.Map } // key id → int64
 
-func (f *fences) saw(keyID string, fence int64) { f.m.Store(keyID, fence) }
+// saw records fence, unless a higher one was seen.
+func (f *fences) saw(keyID string, fence int64) {
+	for {
+		v, ok := f.m.Load(keyID)
+		switch {
+		case ok && v.(int64) >= fence:
+			return
+		case !ok:
+			if _, loaded := f.m.LoadOrStore(keyID, fence); !loaded {
+				return
+			}
+		case f.m.CompareAndSwap(keyID, v, fence):
+			return
+		}
+	}
+}
+
+// forget drops keyID's fence, for a key this process deleted: the fence
+// its next HASH starts with is by the clock of the server that holds it,
+// which need not be above every fence of the old one (see SyncKey).
+func (f *fences) forget(keyID string) { f.m.Delete(keyID) }
+
+// last returns the highest fence seen on keyID, 0 if none.
+func (f *fences) last(keyID string) int64 {
+	v, ok := f.m.Load(keyID)
+	if !ok {
+		return 0
+	}
+	return v.(int64)
+}
 
 // fresh reports whether keyID's last fence seen is fresh at now (the
 // store's clock, ms; see freshFence).
@@ -160,12 +191,13 @@ func (s *Store) handOver(ctx context.Context, node *redis.Client, ref LeaseRef, 
 		{"hset", keyKey, rs.FieldLastUsed, now},
 	}
 	numsub := cmd{"pubsub", "shardnumsub", s.keys.Free(keyID)}
+	seen := s.fences.last(keyID)
 	settled := func(replies []any, then any, err error) {
 		var stray bool
 		if err == nil {
 			listeners, _ := shardNumSub(then)
 			s.notices.heard(keyID, listeners)
-			lease, ok, gone := s.granted(node, replies, h, keyID, leaseID, until)
+			lease, ok, gone := s.granted(node, replies, h, keyID, leaseID, until, seen)
 			if ok {
 				s.fences.saw(keyID, lease.Fence)
 				h.settle(lease, true)
@@ -207,8 +239,10 @@ func (s *Store) handOver(ctx context.Context, node *redis.Client, ref LeaseRef, 
 
 // granted says whether a handoff's MULTI, which replied replies, granted
 // h the lease leaseID until (see above), and if not, whether the key was
-// gone (the MULTI's HASH writes then made a stray one).
-func (s *Store) granted(node *redis.Client, replies []any, h *handoff, keyID, leaseID string, until int64) (lease Lease, ok, stray bool) {
+// gone (the MULTI's HASH writes then made a stray one). A key behind seen,
+// the highest fence this process saw on it before the MULTI, grants
+// nothing (see lost.go).
+func (s *Store) granted(node *redis.Client, replies []any, h *handoff, keyID, leaseID string, until, seen int64) (lease Lease, ok, stray bool) {
 	now, ok := replyMillis(replies[handTime])
 	if !ok {
 		return Lease{}, false, false
@@ -219,8 +253,15 @@ func (s *Store) granted(node *redis.Client, replies []any, h *handoff, keyID, le
 	count, _ := replyInt(replies, handCount)
 	fence, _ := replyInt(replies, handFence)
 	ttl, long := h.ttl.Milliseconds(), until-now
-	if !k.member(h.provider, h.pool) || !Usable(k.status, k.cooldown, now) || count > int64(k.limit) ||
+	if !k.member(h.provider, h.pool) || !k.usable(now) || k.behind(seen) || count > int64(k.limit) ||
 		!freshFence(k.fence, now, s.fenceFresh) || fence <= 0 || long < ttl/2 || long > ttl+ttl/2 {
+		if k.behind(seen) {
+			// The MULTI's HINCRBY took the fence one up, perhaps to the
+			// one seen: the fence the store lost is one above that, so
+			// that the caller's own try still finds the key behind and
+			// holds it back. Without a loss the HASH is above it now.
+			s.fences.saw(keyID, seen+1)
+		}
 		return Lease{}, false, !k.exists
 	}
 	return Lease{

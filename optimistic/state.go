@@ -10,7 +10,7 @@ import (
 )
 
 // keyFields are the key HASH fields every read takes, in parseKey's order.
-var keyFields = []string{rs.FieldProvider, rs.FieldPool, rs.FieldStatus, rs.FieldCooldown, rs.FieldLimit, rs.FieldFence, rs.FieldLastUsed}
+var keyFields = []string{rs.FieldProvider, rs.FieldPool, rs.FieldStatus, rs.FieldCooldown, rs.FieldLimit, rs.FieldFence, rs.FieldLastUsed, rs.FieldHeld}
 
 // keyState is one read of a key HASH.
 type keyState struct {
@@ -22,6 +22,7 @@ type keyState struct {
 	limit    int
 	fence    int64
 	lastUsed int64 // ms, 0 if never granted
+	held     int64 // ms: no grant before (see Options.LostHold), 0 if none
 }
 
 // parseKey reads an HMGET of keyFields; a missing provider means no key.
@@ -36,6 +37,7 @@ func parseKey(vals []any) keyState {
 	}
 	fence, _ := strconv.ParseInt(str(5), 10, 64)
 	lastUsed, _ := strconv.ParseInt(str(6), 10, 64)
+	held, _ := strconv.ParseInt(str(7), 10, 64)
 	return keyState{
 		exists:   str(0) != "",
 		provider: str(0),
@@ -45,8 +47,29 @@ func parseKey(vals []any) keyState {
 		limit:    ParseLimit(str(4)),
 		fence:    fence,
 		lastUsed: lastUsed,
+		held:     held,
 	}
 }
+
+// usable reports whether the key may take a lease at now (ms): Usable, and
+// not held back after a loss.
+func (k keyState) usable(now int64) bool {
+	return Usable(k.status, k.cooldown, now) && k.held <= now
+}
+
+// behind reports whether the key's state is older than seen, a fence this
+// process saw granted or read on it: the store came back from an older
+// copy and forgot the grants since (see lost.go). A HASH without a clock
+// fence is never behind: every HASH a store makes gets one (SyncKey), so
+// only one from an older release has none, or a count from zero that a
+// refused handoff's HINCRBY left on it.
+func (k keyState) behind(seen int64) bool {
+	return k.exists && k.fence >= minClockFence && k.fence < seen
+}
+
+// minClockFence is the least fence NextFence gives by the clock (µs, in
+// 2001): a fence below it is a count from zero, not a clock reading.
+const minClockFence = 1_000_000_000_000_000
 
 func (k keyState) member(provider, pool string) bool {
 	return k.exists && k.provider == provider && k.pool == pool
@@ -82,7 +105,11 @@ func freeAt(k keyState, l leaseSet, now int64) (at int64, held bool) {
 	if !k.exists {
 		return 0, false
 	}
-	return FreeAt(k.status, k.cooldown, k.limit, l.live, l.first, now)
+	at, held = FreeAt(k.status, k.cooldown, k.limit, l.live, l.first, now)
+	if at != 0 && k.held > at {
+		return k.held, false
+	}
+	return at, held
 }
 
 // liveScore returns the expiry of member if it is in zs and unexpired.

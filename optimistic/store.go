@@ -83,6 +83,18 @@ type Options struct {
 	//
 	// default: false (gate on)
 	NoGate bool
+
+	// LostHold is how long a key is held back once this store finds its
+	// state older than a grant it saw there (its own, or one a read
+	// found): Redis came back from an older copy (an RDB snapshot, an
+	// AOF that lost its last second, a failover to a replica that had not
+	// caught up), and leases granted since may be in use while the store
+	// no longer counts them. The hold is written into the key HASH, so
+	// every process refuses the key until it ends; set it to the longest
+	// a lease may live, renewals included.
+	//
+	// default: 1h
+	LostHold time.Duration
 }
 
 func (o *Options) withDefaults() Options {
@@ -111,6 +123,9 @@ func (o *Options) withDefaults() Options {
 	if out.ReplicaTimeout <= 0 {
 		out.ReplicaTimeout = 100 * time.Millisecond
 	}
+	if out.LostHold <= 0 {
+		out.LostHold = time.Hour
+	}
 	return out
 }
 
@@ -133,6 +148,10 @@ type Store struct {
 	// cluster says rdb is a Redis Cluster client: only there can some keys
 	// be unreachable while others answer.
 	cluster bool
+	// replicaReads says rdb may send plain reads (Inspect's) to replicas,
+	// which lag: those neither count as seen nor find a key behind (see
+	// lost.go).
+	replicaReads bool
 	// notes is what Allocate learned of keys from its last attempts.
 	notes notes
 	// releases sends concurrent releases to a server together.
@@ -159,9 +178,15 @@ func New(rdb redis.UniversalClient, opts *Options) (*Store, error) {
 	if !rs.ValidPrefix(o.Prefix) {
 		return nil, invalidf("prefix %q must not contain braces", o.Prefix)
 	}
-	_, cluster := rdb.(*redis.ClusterClient)
+	c, cluster := rdb.(*redis.ClusterClient)
+	var replicaReads bool
+	if cluster {
+		co := c.Options()
+		replicaReads = co.ReadOnly || co.RouteByLatency || co.RouteRandomly
+	}
 	return &Store{
-		rdb: rdb, opts: o, keys: rs.Schema{Prefix: o.Prefix}, cluster: cluster, id: uuid.NewString(), fenceFresh: fenceFresh,
+		rdb: rdb, opts: o, keys: rs.Schema{Prefix: o.Prefix}, cluster: cluster, replicaReads: replicaReads,
+		id: uuid.NewString(), fenceFresh: fenceFresh,
 		announceEvery: announceEvery, heardWithin: heardWithin, turnSlack: turnSlack,
 		policy: retry.Policy{MaxRetries: o.MaxRetries, MinBackoff: o.MinBackoff, MaxBackoff: o.MaxBackoff, MaxElapsed: o.MaxElapsed},
 	}, nil

@@ -179,6 +179,8 @@ type hookStore struct {
 	// inspectGate, if set, runs in each Inspect after it is counted; an
 	// error it returns is Inspect's answer.
 	inspectGate atomic.Pointer[func() error]
+	// afterInspect, if set, may change what each Inspect answers.
+	afterInspect func([]optimistic.KeyInfo)
 
 	mu    sync.Mutex
 	calls []allocCall
@@ -218,7 +220,11 @@ func (s *hookStore) Inspect(ctx context.Context, ids ...string) ([]optimistic.Ke
 			return nil, err
 		}
 	}
-	return s.Store.Inspect(ctx, ids...)
+	infos, err := s.Store.Inspect(ctx, ids...)
+	if err == nil && s.afterInspect != nil {
+		s.afterInspect(infos)
+	}
+	return infos, err
 }
 
 func (s *hookStore) Release(ctx context.Context, ref optimistic.LeaseRef) error {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -21,10 +22,41 @@ const DefaultMaxLease = time.Hour
 // for the metrics. It is safe for concurrent use; a Broker and its Admin
 // share one. Which keys are held back now is the catalog's to say (it
 // keeps each quarantine), so every instance agrees on it.
-type Losses struct{ total atomic.Int64 }
+type Losses struct {
+	total atomic.Int64
+
+	mu sync.Mutex
+	// mirrored holds, by key id, the end (ms) of the last store hold
+	// this process quarantined the key for, or is quarantining it for
+	// (see poolRun.mirror): concurrent allocates that read the same hold
+	// quarantine and count it once.
+	mirrored map[string]int64
+}
 
 // NewLosses returns a zero counter.
-func NewLosses() *Losses { return &Losses{} }
+func NewLosses() *Losses { return &Losses{mirrored: map[string]int64{}} }
+
+// claim reports whether the caller is the first of this process to
+// quarantine keyID for a store hold until until (ms), or a later one.
+func (l *Losses) claim(keyID string, until int64) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.mirrored[keyID] >= until {
+		return false
+	}
+	l.mirrored[keyID] = until
+	return true
+}
+
+// unclaim undoes a claim whose quarantine failed, so the next read of
+// the hold tries again.
+func (l *Losses) unclaim(keyID string, until int64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.mirrored[keyID] == until {
+		delete(l.mirrored, keyID)
+	}
+}
 
 // LossReport says which keys the store lost are held back.
 type LossReport struct {
@@ -72,17 +104,16 @@ func newSyncer[C syncCatalog](c C, s optimistic.LeaseStore, o Options) syncer[C]
 // sync writes k, as the catalog has it, into the store, whose view of it is
 // in, read after k: another broker may have synced the key meanwhile, and
 // since it syncs before it marks the key synced, a store read after k sees
-// that sync. If the store lacks a key it had (k.SyncedAt is set for this
-// store), it lost state: leases it forgot may still be in use for up to
-// maxLease, so the key is quarantined (held back until then, in the catalog
-// and so in the store) rather than handed out again at once. It returns
-// the key as synced and whether it was found lost. A key deleted from the
-// catalog meanwhile is catalog.ErrNotFound.
+// that sync. If the store lost leases of the key (see lostUntil), they may
+// still be in use, so the key is quarantined (held back until they end,
+// in the catalog and so in the store) rather than handed out again at
+// once. It returns the key as synced and whether it was found lost. A key
+// deleted from the catalog meanwhile is catalog.ErrNotFound.
 func (s syncer[C]) sync(ctx context.Context, k catalog.Key, in optimistic.KeyInfo) (catalog.Key, bool, error) {
-	lost := s.lost(k, in)
 	now := time.Now()
+	until, lost := s.lostUntil(k, in, now)
 	if lost {
-		q, err := s.catalog.Quarantine(ctx, k.ID, now.Add(s.maxLease), now)
+		q, err := s.catalog.Quarantine(ctx, k.ID, until, now)
 		if err != nil {
 			return k, false, catalogErr(ctx, "quarantine", err)
 		}
@@ -95,8 +126,12 @@ func (s syncer[C]) sync(ctx context.Context, k catalog.Key, in optimistic.KeyInf
 	}
 	if lost {
 		s.losses.total.Add(1)
+		how := "the key is missing"
+		if in.Exists {
+			how = "its state is older than a grant seen on it"
+		}
 		s.log.WarnContext(ctx, "the lease store lost this key's state: no grants on it until every lease it may have had has ended",
-			"key_id", k.ID, "until", k.QuarantineUntil)
+			"key_id", k.ID, "how", how, "until", k.QuarantineUntil)
 		return k, true, nil
 	}
 	if s.first(k) {
@@ -156,10 +191,21 @@ func sameState(a, b catalog.Key) bool {
 		x.CooldownUntil.Equal(y.CooldownUntil) && x.MaxConcurrentUses == y.MaxConcurrentUses && x.Score == y.Score
 }
 
-// lost reports whether the store lacks k although k reached it. A key the
-// store could not read (in.Unreachable) is not known to be lacking.
-func (s syncer[C]) lost(k catalog.Key, in optimistic.KeyInfo) bool {
-	return !in.Exists && !in.Unreachable && !k.SyncedAt.IsZero() && k.SyncedStore == s.storeID
+// lostUntil reports whether the store lost leases of k, by in, and until
+// when they may still be in use. Either it lacks k although k reached it:
+// then for up to maxLease from now. A key the store could not read
+// (in.Unreachable) is not known to be lacking. Or it holds k back, having
+// found its state older than a grant it had seen (a restart from an older
+// copy, see optimistic.Options.LostHold), longer than the catalog does:
+// then until that hold ends.
+func (s syncer[C]) lostUntil(k catalog.Key, in optimistic.KeyInfo, now time.Time) (time.Time, bool) {
+	switch {
+	case !in.Exists && !in.Unreachable && !k.SyncedAt.IsZero() && k.SyncedStore == s.storeID:
+		return now.Add(s.maxLease), true
+	case in.HeldUntil.After(now) && in.HeldUntil.After(k.QuarantineUntil):
+		return in.HeldUntil, true
+	}
+	return time.Time{}, false
 }
 
 // first reports whether k has not reached this store before.
@@ -184,10 +230,11 @@ func (s syncer[C]) syncAll(ctx context.Context, keys []catalog.Key, infos []opti
 		down          error
 	)
 	for i, k := range keys {
+		_, lost := s.lostUntil(k, infos[i], now)
 		switch {
 		case infos[i].Unreachable:
 			skipped, down = append(skipped, k.ID), cmp.Or(down, fmt.Errorf("%w: %w: key %s", optimistic.ErrStore, optimistic.ErrUnreachable, k.ID))
-		case s.lost(k, infos[i]):
+		case lost:
 			_, _, err := s.sync(ctx, k, infos[i])
 			switch {
 			case errors.Is(err, optimistic.ErrUnreachable):

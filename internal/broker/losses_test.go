@@ -2,9 +2,12 @@ package broker_test
 
 import (
 	"fmt"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/credpool/credpool/internal/broker"
@@ -162,4 +165,50 @@ func TestMaxLease(t *testing.T) {
 	g := allocate(t, b, req("default"))
 	_, err = b.Renew(t.Context(), g.LeaseRef, 2*time.Minute)
 	require.ErrorIs(t, err, optimistic.ErrInvalid)
+}
+
+// A store hold (the Redis store found the key's state older than a grant
+// it had seen, and holds it back) is quarantined in the catalog until the
+// hold ends, so every instance agrees, and counted as a loss once, though
+// several allocates read it before the quarantine reached their snapshot.
+func TestStoreHoldIsQuarantinedOnce(t *testing.T) {
+	e := newEnv(t, key("a", "default", 8), key("b", "default", 8))
+	held := time.Now().Add(time.Hour).Truncate(time.Millisecond)
+	s := &hookStore{Store: e.store}
+	s.afterInspect = func(infos []optimistic.KeyInfo) {
+		for i := range infos {
+			if infos[i].ID == "a" {
+				infos[i].HeldUntil = held
+			}
+		}
+	}
+	// The allocates' reads answer together.
+	const n = 8
+	var entered atomic.Int32
+	gate := func() error {
+		entered.Add(1)
+		deadline := time.Now().Add(2 * time.Second)
+		for entered.Load() < n && time.Now().Before(deadline) {
+			time.Sleep(time.Millisecond)
+		}
+		return nil
+	}
+	s.inspectGate.Store(&gate)
+	opts := &broker.Options{Requests: e.requests, Logger: e.log, Losses: broker.NewLosses()}
+	b := broker.New(e.cat, s, opts)
+	var wg sync.WaitGroup
+	for range n {
+		wg.Go(func() {
+			_, err := b.Allocate(t.Context(), req("default"))
+			assert.NoError(t, err)
+		})
+	}
+	wg.Wait()
+	require.GreaterOrEqual(t, entered.Load(), int32(n), "every allocate read the store")
+	l, err := broker.NewAdmin(e.cat, e.store, opts).Losses(t.Context())
+	require.NoError(t, err)
+	require.Equal(t, 1, l.Held)
+	require.Equal(t, int64(1), l.Total, "counted once")
+	require.True(t, held.Equal(l.Until), "until %v, want %v", l.Until, held)
+	require.True(t, held.Equal(e.get(t, "a").QuarantineUntil))
 }

@@ -190,6 +190,9 @@ func (p *poolRun) rank(ctx context.Context, cands []catalog.Key) ([]string, map[
 	for _, in := range infos {
 		live[in.ID] = in
 		rc = append(rc, candidate(byID[in.ID], in))
+		if _, lost := p.lostUntil(byID[in.ID], in, now); lost && in.Exists {
+			p.mirror(ctx, byID[in.ID], in)
+		}
 	}
 	p.mu.Lock()
 	ranked := p.weights.Rank(rc, now, p.rng)
@@ -207,6 +210,24 @@ func (p *poolRun) rank(ctx context.Context, cands []catalog.Key) ([]string, map[
 	}
 	out := append(free, order[len(top):]...)
 	return append(append(out, full...), down...), read, nil
+}
+
+// mirror quarantines k in the catalog, which the store holds back, by in,
+// having found its state older than a grant it had seen (see
+// syncer.lostUntil): so every instance agrees, and the loss is counted and
+// reported. Of the allocates of this process that read the hold before the
+// quarantine reached their catalog snapshot, one does it. It is best
+// effort: the store refuses the key meanwhile anyway, so a failure costs
+// a log line, and the next rank tries again.
+func (p *poolRun) mirror(ctx context.Context, k catalog.Key, in optimistic.KeyInfo) {
+	until := in.HeldUntil.UnixMilli()
+	if !p.losses.claim(k.ID, until) {
+		return
+	}
+	if _, _, err := p.sync(ctx, k, in); err != nil && !errors.Is(err, catalog.ErrNotFound) {
+		p.losses.unclaim(k.ID, until)
+		p.log.WarnContext(ctx, "quarantine a key the lease store holds back", "key_id", k.ID, "err", err)
+	}
 }
 
 // liveState returns the live state of ids: as known (see live), or read

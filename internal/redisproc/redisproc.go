@@ -244,7 +244,8 @@ func (s *Server) waitSynced() error {
 
 // Restart kills the server and starts a new one on the same port and
 // directory, as a crash and a supervisor's restart would: with persistence
-// off it comes back empty. The caller must Stop the new one.
+// off it comes back empty, unless a SAVE wrote a snapshot into the
+// directory, which it loads. The caller must Stop the new one.
 func (s *Server) Restart() (*Server, error) {
 	s.Stop()
 	var last error

@@ -102,6 +102,9 @@ const (
 	FieldLimit    = "max_concurrent_uses"
 	FieldLastUsed = "last_used_at"
 	FieldFence    = "fence"
-	FieldKeyID    = "key_id"
-	FieldUntil    = "lease_until"
+	// FieldHeld (ms) is set by a store that found the key's state older
+	// than a grant it saw: no grant until then (see optimistic.Options.LostHold).
+	FieldHeld  = "held_until"
+	FieldKeyID = "key_id"
+	FieldUntil = "lease_until"
 )

@@ -80,8 +80,8 @@ type Config struct {
 	// default: broker.DefaultLiveMaxAge; negative: read on every allocate
 	LiveMaxAge time.Duration
 	// MaxLease is the longest lease granted or renewed to, and how long a
-	// key the store lost is held back; the broker and the handlers get the
-	// same.
+	// key the store lost is held back; the broker, the handlers and the
+	// Redis store (optimistic.Options.LostHold) get the same.
 	//
 	// default: broker.DefaultMaxLease
 	MaxLease time.Duration

@@ -79,7 +79,7 @@ func openStore(ctx context.Context, cfg Config) (leaseStore, error) {
 		stop := KeepTopology(c, cfg.RedisClusterRefresh)
 		closeClient = func() { stop(); _ = c.Close() }
 	}
-	s, err := optimistic.New(rdb, &optimistic.Options{MinReplicas: cfg.MinReplicas})
+	s, err := optimistic.New(rdb, &optimistic.Options{MinReplicas: cfg.MinReplicas, LostHold: cfg.MaxLease})
 	if err != nil {
 		closeClient()
 		return leaseStore{}, err

@@ -76,9 +76,11 @@ func StartReplica(t testing.TB, addr string) *Server {
 	return &Server{s}
 }
 
-// Restart kills the server and starts it again on the same port, empty
-// (no persistence), as a crash and a restart would; the new one stops when
-// t ends. Clients of the old one reconnect to it.
+// Restart kills the server and starts it again on the same port, as a
+// crash and a restart would: empty (no persistence), unless a SAVE wrote
+// a snapshot into its directory, which it then loads, as Redis restarting
+// from an RDB does. The new one stops when t ends. Clients of the old one
+// reconnect to it.
 func (s *Server) Restart(t testing.TB) *Server {
 	t.Helper()
 	n, err := s.Server.Restart()

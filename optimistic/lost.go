@@ -1,0 +1,100 @@
+package optimistic
+
+import (
+	"context"
+
+	"github.com/redis/go-redis/v9"
+
+	rs "github.com/credpool/credpool/internal/redisschema"
+)
+
+// Redis may come back from a copy older than its last writes: a restart
+// from an RDB snapshot or from an AOF that lost its last second, a
+// failover to a replica that had not caught up. The keys are all there,
+// but the leases granted since are not: their holders still use them
+// while the store counts their slots free. A store notices it by the
+// fence: every grant raises the key's (NextFence), nothing lowers it, and
+// each process keeps the highest it saw on each key (fences), granted by
+// itself or read. A read of the key HASH whose fence is below the one
+// seen before the read was sent is behind (keyState.behind). Only reads
+// that masters answer count: with MinReplicas, grants alone (see
+// sawRead), and through a client that may send Inspect's reads to
+// replicas, none of those (Store.replicaReads).
+//
+// A key found behind is held back for Options.LostHold, the longest a
+// forgotten lease may still be in use: the hold is a field of the key
+// HASH (rs.FieldHeld), so every process refuses the key until it ends,
+// and SyncKey, which writes the rest of the HASH from the caller's
+// source of truth, leaves it alone. The same MULTI raises the fence to
+// the one seen, so that this process holds the key once per loss;
+// another that saw a later grant still finds it behind, and holds it
+// again, from then.
+//
+// What it cannot notice: the check is each process's own, so it catches a
+// loss only if the first process to read the key after it (before any
+// new grant there) had seen a lost grant, by granting it or by a later
+// read. A process that had not grants, and its fence, by the clock, is
+// above every lost one: no process finds the key behind after that. It
+// misses the loss too on a key whose HASH has no clock fence (a HASH from
+// before this release that never granted since; a count from zero that a
+// refused handoff's HINCRBY left on one). A store whose lost key is
+// missing altogether reads it as not existing: that is for the caller's
+// source of truth to tell (the service's catalog, see SyncKey).
+
+// hold holds keyID back, inside t: k, read under WATCH at now (ms), is
+// behind seen. It returns when the hold ends.
+func (s *Store) hold(ctx context.Context, t *txn, keyID string, k keyState, seen, now int64) (int64, error) {
+	until := max(k.held, now+s.opts.LostHold.Milliseconds())
+	err := t.commit(ctx, []cmd{{"hset", s.keys.Key(keyID), rs.FieldHeld, until, rs.FieldFence, seen}})
+	return until, err
+}
+
+// sawRead records the fence of k, read from keyID's HASH. With
+// MinReplicas a read may find a grant that too few replicas acknowledged
+// and that a failover then loses as it should, its holder having been
+// told it failed: only acknowledged grants are recorded there.
+func (s *Store) sawRead(keyID string, k keyState) {
+	if k.exists && s.opts.MinReplicas == 0 {
+		s.fences.saw(keyID, k.fence)
+	}
+}
+
+// holdLost is hold in a transaction of its own, for a read outside one
+// (Inspect) that found keyID behind seen, and returns when the key's hold
+// ends, 0 if it has none (it was not behind any more) or if holding it
+// failed. It makes one try, and none while a call of this process has the
+// key's turn: a read need not wait or fail for it, as the next read (a
+// grant's at the latest) finds the key behind again.
+func (s *Store) holdLost(ctx context.Context, keyID string, seen int64) int64 {
+	release, err := s.enter(ctx, keyID, false)
+	if err != nil {
+		return 0
+	}
+	defer release()
+	keyKey := s.keys.Key(keyID)
+	var until int64
+	_ = s.watch(ctx, []string{keyKey}, func(t *txn) error {
+		var (
+			clock *redis.TimeCmd
+			hash  *redis.SliceCmd
+		)
+		err := t.read(ctx, func(p redis.Pipeliner) {
+			clock = p.Time(ctx)
+			hash = p.HMGet(ctx, keyKey, keyFields...)
+		})
+		if err != nil {
+			return err
+		}
+		k := parseKey(hash.Val())
+		if !k.behind(seen) {
+			until = k.held
+			return nil
+		}
+		held, err := s.hold(ctx, t, keyID, k, seen, clock.Val().UnixMilli())
+		if err == nil {
+			until = held
+		}
+		return err
+	})
+	return until
+}

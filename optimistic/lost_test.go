@@ -1,0 +1,216 @@
+package optimistic
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/credpool/credpool/test/redistest"
+)
+
+// Redis restarts from a snapshot older than its last grants (saved
+// before the key's first grant: only the fence SyncKey gave the new HASH
+// is in it). The leases granted since are gone from the store while
+// their holders still use them. The process that saw a later fence, by
+// its own grant or by a read, finds the key behind at its next read and
+// holds it back for LostHold in the store, so that a process that saw
+// nothing refuses it too; then grants resume above every fence given. At
+// no time are there more holders than the limit.
+func TestLossIsHeldBack(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		// find reads the key, in the process that saw the lost grants,
+		// after the restart.
+		find func(t *testing.T, s *Store)
+	}{
+		{"by a grant", func(t *testing.T, s *Store) {
+			_, _, err := s.Allocate(t.Context(), lostReq())
+			requireHeld(t, err)
+		}},
+		{"by a read", func(t *testing.T, s *Store) {
+			infos, err := s.Inspect(t.Context(), "k")
+			require.NoError(t, err)
+			require.WithinDuration(t, time.Now().Add(lostHold), infos[0].HeldUntil, time.Second)
+			require.Equal(t, infos[0].HeldUntil, infos[0].FreeAt)
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			srv := redistest.Start(t)
+			ctx := t.Context()
+			open := func(addr string) *Store {
+				rdb := redis.NewClient(&redis.Options{Addr: addr})
+				t.Cleanup(func() { _ = rdb.Close() })
+				s, err := New(rdb, &Options{LostHold: lostHold})
+				require.NoError(t, err)
+				return s
+			}
+			granter, reader := open(srv.Addr), open(srv.Addr)
+			require.NoError(t, granter.SyncKey(ctx, KeyState{ID: "k", Provider: "openai", Pool: "default", Status: StatusAvailable, MaxConcurrentUses: 2}))
+			require.NoError(t, srv.Client(t).Save(ctx).Err())
+			var held []Lease
+			for range 2 {
+				l, _, err := granter.Allocate(ctx, lostReq())
+				require.NoError(t, err)
+				held = append(held, l)
+			}
+			_, err := reader.Inspect(ctx, "k") // reads the second grant's fence
+			require.NoError(t, err)
+
+			srv = srv.Restart(t)
+			infos, err := open(srv.Addr).Inspect(ctx, "k")
+			require.NoError(t, err)
+			require.Zero(t, infos[0].Live, "the restart lost both leases")
+			finder := granter
+			if c.name == "by a read" {
+				finder = reader
+			}
+			before := time.Now()
+			c.find(t, finder)
+
+			// Every process refuses it now: the one that found it, the
+			// other that saw the grants, and one that saw nothing.
+			for _, s := range []*Store{granter, reader, open(srv.Addr)} {
+				_, _, err := s.Allocate(ctx, lostReq())
+				requireHeld(t, err)
+			}
+			infos, err = open(srv.Addr).Inspect(ctx, "k")
+			require.NoError(t, err)
+			require.WithinDuration(t, before.Add(lostHold), infos[0].HeldUntil, time.Second)
+
+			time.Sleep(time.Until(infos[0].HeldUntil) + 50*time.Millisecond)
+			for _, s := range []*Store{granter, reader} {
+				l, _, err := s.Allocate(ctx, lostReq())
+				require.NoError(t, err, "the hold is over, and held once")
+				require.Greater(t, l.Fence, held[1].Fence, "fencing tokens never go back")
+			}
+		})
+	}
+}
+
+// A key deleted and synced again starts with a fence by the clock, so a
+// process that saw its old fences does not find it behind (as long as
+// the server's clock has not gone back; the process that deleted it
+// forgets them anyway).
+func TestKeyMadeAgainIsNotBehind(t *testing.T) {
+	a, b := waitStores(t, false)
+	ctx := t.Context()
+	l, _, err := a.Allocate(ctx, waitReq(0))
+	require.NoError(t, err)
+	_, err = b.Inspect(ctx, "k")
+	require.NoError(t, err)
+	require.NoError(t, a.DeleteKey(ctx, "k"))
+	require.Zero(t, a.fences.last("k"), "the deleting process forgets the old fences")
+	require.NoError(t, a.SyncKey(ctx, KeyState{ID: "k", Provider: "openai", Pool: "default", Status: StatusAvailable, MaxConcurrentUses: 1}))
+	for _, s := range []*Store{a, b} {
+		infos, err := s.Inspect(ctx, "k")
+		require.NoError(t, err)
+		require.Zero(t, infos[0].HeldUntil)
+		require.Greater(t, infos[0].Fence, l.Fence)
+	}
+	_, _, err = b.Allocate(ctx, waitReq(0))
+	require.NoError(t, err)
+}
+
+// With MinReplicas a read may see a grant that too few replicas
+// acknowledged and that is then given back: a failover losing it is no
+// loss. Only acknowledged grants count as seen there.
+func TestReadsAreNotSeenWithMinReplicas(t *testing.T) {
+	s := &Store{opts: Options{MinReplicas: 1}}
+	s.sawRead("k", keyState{exists: true, fence: 7})
+	require.Zero(t, s.fences.last("k"))
+	s.opts.MinReplicas = 0
+	s.sawRead("k", keyState{exists: true, fence: 7})
+	require.Equal(t, int64(7), s.fences.last("k"))
+}
+
+// A cluster client that may send reads to replicas (which lag) reads the
+// key HASH in Inspect without counting its fence as seen, or a replica
+// behind its master would look like a loss.
+func TestReplicaReadsAreNotSeen(t *testing.T) {
+	addr := redistest.StartCluster(t).Addr
+	for _, c := range []struct {
+		name string
+		opts redis.ClusterOptions
+		seen bool
+	}{
+		{"masters", redis.ClusterOptions{}, true},
+		{"read only", redis.ClusterOptions{ReadOnly: true}, false},
+		{"by latency", redis.ClusterOptions{RouteByLatency: true}, false},
+		{"randomly", redis.ClusterOptions{RouteRandomly: true}, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			c.opts.Addrs = []string{addr}
+			granter := storeOn(t, redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{addr}}))
+			require.NoError(t, granter.SyncKey(t.Context(), KeyState{ID: "k", Provider: "openai", Pool: "default", Status: StatusAvailable, MaxConcurrentUses: 1000}))
+			l, _, err := granter.Allocate(t.Context(), waitReq(0))
+			require.NoError(t, err)
+			reader := storeOn(t, redis.NewClusterClient(&c.opts))
+			_, err = reader.Inspect(t.Context(), "k")
+			require.NoError(t, err)
+			if c.seen {
+				require.GreaterOrEqual(t, reader.fences.last("k"), l.Fence)
+			} else {
+				require.Zero(t, reader.fences.last("k"))
+			}
+		})
+	}
+}
+
+const lostHold = 1500 * time.Millisecond
+
+func lostReq() AllocateRequest {
+	return AllocateRequest{Provider: "openai", Pool: "default", Candidates: []string{"k"}, TTL: time.Second}
+}
+
+// requireHeld asserts err is a capacity error that ends with a hold of
+// about lostHold from now.
+func requireHeld(t *testing.T, err error) {
+	t.Helper()
+	var full *CapacityError
+	require.True(t, errors.As(err, &full), "want a capacity error, got %v", err)
+	require.False(t, full.Held, "a hold's end is exact")
+	require.WithinDuration(t, time.Now().Add(lostHold), full.FreeAt, time.Second)
+}
+
+// A loss whose last lost grant was a handoff, met by the next handoff:
+// the snapshot has the lease the first handoff replaced, and not the
+// handoff. Released again, it would hand the fence the lost handoff gave
+// (the HINCRBY counts from the snapshot's) to a second holder of a
+// limit-1 key; the handoff is refused instead, and the caller's own try,
+// which reads the fence that HINCRBY left, still finds the key behind and
+// holds it back: the caller gets nothing.
+func TestHandoffOnALossIsRefused(t *testing.T) {
+	srv := redistest.Start(t)
+	s := storeOn(t, redis.NewClient(&redis.Options{Addr: srv.Addr}))
+	ctx := t.Context()
+	require.NoError(t, s.SyncKey(ctx, KeyState{ID: "k", Provider: "openai", Pool: "default", Status: StatusAvailable, MaxConcurrentUses: 1}))
+	held, second := primed(t, s)
+	require.NoError(t, srv.Client(t).Save(ctx).Err())
+	require.NoError(t, s.Release(ctx, held.LeaseRef))
+	handed := second.result(t)
+	require.NoError(t, handed.err)
+	require.Zero(t, handed.stats.Attempts, "handed over")
+	third := startWaiter(t, s, 1)
+
+	srv = srv.Restart(t)
+	// A release of nothing hears who listens for the key: this store
+	// alone, once it has subscribed again to the restarted server, so the
+	// next release's slot is its callers' turn.
+	gone := held.LeaseRef
+	gone.LeaseID = "gone"
+	require.Eventually(t, func() bool {
+		return errors.Is(s.Release(ctx, gone), ErrLeaseLost) && s.notices.alone("k")
+	}, 10*time.Second, 10*time.Millisecond)
+	require.NoError(t, s.Release(ctx, held.LeaseRef), "the snapshot has it again")
+	require.Eventually(t, func() bool {
+		infos, err := s.Inspect(ctx, "k")
+		return err == nil && !infos[0].HeldUntil.IsZero()
+	}, 10*time.Second, 10*time.Millisecond, "held back")
+	third.cancel()
+	got := third.result(t)
+	require.Error(t, got.err, "a second holder of the key: %+v", got.lease)
+	require.Equal(t, handed.lease.Fence, s.fences.last("k")-1, "the fence the handoff lost, and one")
+}
