@@ -195,7 +195,7 @@ func TestHandoffOnALossIsRefused(t *testing.T) {
 	require.Zero(t, handed.stats.Attempts, "handed over")
 	third := startWaiter(t, s, 1)
 
-	srv = srv.Restart(t)
+	srv.Restart(t)
 	// A release of nothing hears who listens for the key: this store
 	// alone, once it has subscribed again to the restarted server, so the
 	// next release's slot is its callers' turn.

@@ -445,6 +445,7 @@ func failover(t *testing.T, acks int) (holders, second int) {
 		}
 		time.Sleep(250 * time.Millisecond)
 	}
+	t.Logf("after the failover: %d %v", second, g)
 	holders = 0
 	for _, code := range []int{first, second} {
 		if code == http.StatusOK {
