@@ -15,7 +15,10 @@ import (
 // Release deletes the lease if key id, provider, pool and lease id all
 // match and it has not expired. Otherwise it returns ErrLeaseLost (unknown,
 // released or expired; a wrong key id also looks unknown, since the lease
-// lives under the key) or ErrLeaseMismatch (wrong provider or pool).
+// lives under the key) or ErrLeaseMismatch (wrong provider or pool). On
+// Redis Cluster, a master that does not answer makes it fail with
+// ErrUnreachable too, so that a caller releasing on many keys can go on
+// with those of the others.
 // Releasing twice is harmless: the second call is ErrLeaseLost. It never
 // touches another lease; a lease that expired but was not pruned yet is
 // removed with its record, as the key's next grant would have done.
@@ -42,14 +45,14 @@ func (s *Store) Release(ctx context.Context, ref LeaseRef) error {
 	}
 	rdb, err := s.owner(ctx, s.keys.Leases(ref.KeyID))
 	if err != nil {
-		return Classify(ctx, "release", err)
+		return Classify(ctx, "release", s.markPartial(ctx, err))
 	}
 	err = s.release(ctx, rdb, ref)
 	if rerouted(err) {
 		// The slot moved or is moving: let the cluster client follow it.
 		err = s.release(ctx, s.rdb, ref)
 	}
-	return Classify(ctx, "release", err)
+	return Classify(ctx, "release", s.markPartial(ctx, err))
 }
 
 // Holds returns the lease's expiry if ref holds a live lease, else

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -24,6 +25,8 @@ const (
 	maxRetryPause = 5 * time.Second
 	// retryTimeout bounds one release attempt.
 	retryTimeout = 2 * time.Second
+	// retryWorkers bounds the keys one round releases on at once.
+	retryWorkers = 16
 )
 
 // Backlog counts the releases that met a store failure and are retried in
@@ -159,35 +162,72 @@ func (q *backlog) round(ctx context.Context, keyIDs ...string) bool {
 	return q.retry(ctx, keyIDs)
 }
 
-// retry is one round; the caller holds the turn. It stops at the first
-// failure: the store is still down, and trying the rest would only keep
-// the round (and a shutdown, or a caller) waiting.
+// retry is one round; the caller holds the turn. The keys' releases go
+// concurrently, up to retryWorkers keys at a time, each key's one after
+// another. A key whose server does not answer while others do (a Redis
+// Cluster master down: ErrUnreachable) is left for the next round, and
+// the round goes on with the rest, so one dead master holds up no release
+// on the others and, silent, costs the round one timeout per retryWorkers
+// of its keys. Any other failure ends the round once the releases under
+// way are over: the store is still down, and trying the rest would only
+// keep the round (and a shutdown, or a caller) waiting.
 func (q *backlog) retry(ctx context.Context, keyIDs []string) bool {
 	q.mu.Lock()
-	var refs []optimistic.LeaseRef
+	var keys [][]optimistic.LeaseRef
 	for id, leases := range q.pending {
 		if len(keyIDs) > 0 && !slices.Contains(keyIDs, id) {
 			continue
 		}
+		refs := make([]optimistic.LeaseRef, 0, len(leases))
 		for _, ref := range leases {
 			refs = append(refs, ref)
 		}
+		keys = append(keys, refs)
 	}
 	q.mu.Unlock()
-	for _, ref := range refs {
-		actx, cancel := context.WithTimeout(ctx, retryTimeout)
-		err := q.store.Release(actx, ref)
-		cancel()
-		lost := errors.Is(err, optimistic.ErrLeaseLost)
-		if err != nil && !lost {
-			return false
+	var (
+		failed, down atomic.Bool // some release failed; the store is down
+		wg           sync.WaitGroup
+		workers      = make(chan struct{}, retryWorkers)
+	)
+	for _, refs := range keys {
+		workers <- struct{}{}
+		if down.Load() {
+			<-workers
+			break
 		}
-		if err == nil && q.released != nil {
-			q.released(ref.KeyID)
-		}
-		q.settle(ref, lost)
+		wg.Go(func() {
+			defer func() { <-workers }()
+			for _, ref := range refs {
+				if err := q.retryOne(ctx, ref); err != nil {
+					failed.Store(true)
+					if !errors.Is(err, optimistic.ErrUnreachable) {
+						down.Store(true)
+					}
+					return
+				}
+			}
+		})
 	}
-	return true
+	wg.Wait()
+	return !failed.Load()
+}
+
+// retryOne sends one pending release again and, if the store answered,
+// takes it off the backlog.
+func (q *backlog) retryOne(ctx context.Context, ref optimistic.LeaseRef) error {
+	actx, cancel := context.WithTimeout(ctx, retryTimeout)
+	err := q.store.Release(actx, ref)
+	cancel()
+	lost := errors.Is(err, optimistic.ErrLeaseLost)
+	if err != nil && !lost {
+		return err
+	}
+	if err == nil && q.released != nil {
+		q.released(ref.KeyID)
+	}
+	q.settle(ref, lost)
+	return nil
 }
 
 // settle takes a release the store answered off the backlog and counts it.
