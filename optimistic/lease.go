@@ -55,6 +55,24 @@ func (s *Store) Release(ctx context.Context, ref LeaseRef) error {
 	return Classify(ctx, "release", s.markPartial(ctx, err))
 }
 
+// Node names the server that holds keyID's leases, as this store's client
+// routes them now: on Redis Cluster its master's address by the client's
+// slot map (a slot that moves since is followed by the calls themselves);
+// on other clients "", one server for every key. Keys on different
+// servers fail apart: a caller retrying many releases can go server by
+// server.
+func (s *Store) Node(ctx context.Context, keyID string) (string, error) {
+	c, ok := s.rdb.(*redis.ClusterClient)
+	if !ok {
+		return "", nil
+	}
+	node, err := c.MasterForKey(ctx, s.keys.Leases(keyID))
+	if err != nil {
+		return "", Classify(ctx, "node", err)
+	}
+	return node.Options().Addr, nil
+}
+
 // Holds returns the lease's expiry if ref holds a live lease, else
 // ErrLeaseLost or ErrLeaseMismatch as Release would. It reads only, in one
 // round trip: a caller can prove it still holds a lease (before recording

@@ -167,8 +167,10 @@ type hookStore struct {
 	*sqlitestore.Store
 	fault   func(req optimistic.AllocateRequest) error
 	granted func(l optimistic.Lease)
-	// releaseDown makes Release fail as a store outage would while set.
+	// releaseDown makes Release fail as a store outage would while set;
+	// downKey, while set, makes the Releases of that key alone fail.
 	releaseDown atomic.Bool
+	downKey     atomic.Pointer[string]
 	// hung, once set (see hang), makes Release block.
 	hung atomic.Pointer[hung]
 	// afterHolds, if set, runs after each Holds.
@@ -235,10 +237,21 @@ func (s *hookStore) Release(ctx context.Context, ref optimistic.LeaseRef) error 
 		}
 		<-h.until
 	}
-	if s.releaseDown.Load() {
+	if k := s.downKey.Load(); s.releaseDown.Load() || k != nil && *k == ref.KeyID {
 		return optimistic.Classify(ctx, "release", errInjected)
 	}
 	return s.Store.Release(ctx, ref)
+}
+
+// twoServers is a hookStore whose key "dead" lives on a server of its
+// own, as on a Redis Cluster (see the backlog's nodes).
+type twoServers struct{ *hookStore }
+
+func (s twoServers) Node(_ context.Context, keyID string) (string, error) {
+	if keyID == "dead" {
+		return "dead:6379", nil
+	}
+	return "live:6379", nil
 }
 
 func (s *hookStore) Allocate(ctx context.Context, req optimistic.AllocateRequest) (optimistic.Lease, optimistic.Stats, error) {

@@ -124,8 +124,8 @@ func (p *poolRun) allocate(ctx context.Context, cands []catalog.Key) error {
 				return rerr
 			}
 			// Full perhaps only because releases waited for the store: if
-			// it takes them now, ask again.
-			flushed := p.backlog.stuck(ids(cands)...) > 0 && p.backlog.round(ctx, ids(cands)...)
+			// it takes some now, ask again.
+			flushed := p.backlog.stuck(ids(cands)...) > 0 && p.backlog.round(ctx, ids(cands)...) > 0
 			if n > 0 || flushed {
 				continue
 			}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -25,8 +26,6 @@ const (
 	maxRetryPause = 5 * time.Second
 	// retryTimeout bounds one release attempt.
 	retryTimeout = 2 * time.Second
-	// retryWorkers bounds the keys one round releases on at once.
-	retryWorkers = 16
 )
 
 // Backlog counts the releases that met a store failure and are retried in
@@ -134,7 +133,7 @@ func (q *backlog) loop(ctx context.Context, done chan struct{}) {
 			return
 		case <-time.After(pauses.NextBackOff()):
 		}
-		if q.round(ctx) {
+		if q.round(ctx) > 0 {
 			pauses.Reset()
 		}
 		q.mu.Lock()
@@ -149,68 +148,76 @@ func (q *backlog) loop(ctx context.Context, done chan struct{}) {
 	}
 }
 
-// round tries the pending releases (of keyIDs only, if given) and reports
-// whether the store answered them all. While another round runs it reports
-// false at once: waiting would queue callers behind a store that may hang.
-func (q *backlog) round(ctx context.Context, keyIDs ...string) bool {
+// round tries the pending releases (of keyIDs only, if given) and returns
+// how many the store answered. While another round runs it returns 0 at
+// once: waiting would queue callers behind a store that may hang.
+func (q *backlog) round(ctx context.Context, keyIDs ...string) int {
 	select {
 	case q.turn <- struct{}{}:
 	default:
-		return false
+		return 0
 	}
 	defer func() { <-q.turn }()
 	return q.retry(ctx, keyIDs)
 }
 
-// retry is one round; the caller holds the turn. The keys' releases go
-// concurrently, up to retryWorkers keys at a time, each key's one after
-// another. A key whose server does not answer while others do (a Redis
-// Cluster master down: ErrUnreachable) is left for the next round, and
-// the round goes on with the rest, so one dead master holds up no release
-// on the others and, silent, costs the round one timeout per retryWorkers
-// of its keys. Any other failure ends the round once the releases under
-// way are over: the store is still down, and trying the rest would only
-// keep the round (and a shutdown, or a caller) waiting.
-func (q *backlog) retry(ctx context.Context, keyIDs []string) bool {
+// nodes is a lease store whose keys live on several servers that fail
+// apart (the Redis store on a Redis Cluster): Node names the one holding
+// a key.
+type nodes interface {
+	Node(ctx context.Context, keyID string) (string, error)
+}
+
+// retry is one round; the caller holds the turn. It returns how many
+// releases the store answered. The releases go server by server (see
+// nodes; every key is on the one server of any other store), the servers
+// concurrently, and each server's stop at its first failure: it is still
+// down, and trying the rest of its releases would only keep the round
+// (and a shutdown, or a caller) waiting, a timeout each if it is silent.
+// So one dead Redis Cluster master holds up no release on the others.
+func (q *backlog) retry(ctx context.Context, keyIDs []string) int {
 	q.mu.Lock()
-	var keys [][]optimistic.LeaseRef
-	for id, leases := range q.pending {
-		if len(keyIDs) > 0 && !slices.Contains(keyIDs, id) {
-			continue
+	var ids []string
+	for id := range q.pending {
+		if len(keyIDs) == 0 || slices.Contains(keyIDs, id) {
+			ids = append(ids, id)
 		}
-		refs := make([]optimistic.LeaseRef, 0, len(leases))
-		for _, ref := range leases {
-			refs = append(refs, ref)
-		}
-		keys = append(keys, refs)
 	}
 	q.mu.Unlock()
-	var (
-		failed, down atomic.Bool // some release failed; the store is down
-		wg           sync.WaitGroup
-		workers      = make(chan struct{}, retryWorkers)
-	)
-	for _, refs := range keys {
-		workers <- struct{}{}
-		if down.Load() {
-			<-workers
-			break
+	byNode := map[string][]string{}
+	locate, ok := q.store.(nodes)
+	for _, id := range ids {
+		node := ""
+		if ok {
+			var err error
+			if node, err = locate.Node(ctx, id); err != nil {
+				// Nobody knows where: a server of its own.
+				node = "unknown " + id
+			}
 		}
+		byNode[node] = append(byNode[node], id)
+	}
+	var (
+		answered atomic.Int64
+		wg       sync.WaitGroup
+	)
+	for _, ids := range byNode {
 		wg.Go(func() {
-			defer func() { <-workers }()
-			for _, ref := range refs {
-				if err := q.retryOne(ctx, ref); err != nil {
-					failed.Store(true)
-					if !errors.Is(err, optimistic.ErrUnreachable) {
-						down.Store(true)
+			for _, id := range ids {
+				q.mu.Lock()
+				refs := slices.Collect(maps.Values(q.pending[id]))
+				q.mu.Unlock()
+				for _, ref := range refs {
+					if err := q.retryOne(ctx, ref); err != nil {
+						return
 					}
-					return
+					answered.Add(1)
 				}
 			}
 		})
 	}
 	wg.Wait()
-	return !failed.Load()
+	return int(answered.Load())
 }
 
 // retryOne sends one pending release again and, if the store answered,

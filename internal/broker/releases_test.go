@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -69,25 +70,31 @@ func TestBacklogRunsOneRoundAtATime(t *testing.T) {
 	require.Equal(t, 1, q.stuck("a"), "l2 still waits for the store")
 	require.Equal(t, Backlog{Pending: 1, Released: 1}, q.stats())
 	require.Equal(t, 1, s.calls, "l1 went to the store once")
-	require.False(t, flushed, "a round was already under way")
+	require.Zero(t, flushed, "a round was already under way")
 }
 
-// scriptedStore answers each Release by fail (nil: released), once the
-// test lets it through gate (nil: at once). The backlog calls nothing
-// else.
+// scriptedStore answers each Release by fail (nil: released). With
+// nodeOf it is a store whose keys live on several servers (see nodes).
+// The backlog calls nothing else.
 type scriptedStore struct {
 	optimistic.LeaseStore
 	fail  func(ref optimistic.LeaseRef) error
-	gate  chan struct{}
 	calls atomic.Int32
 }
 
 func (s *scriptedStore) Release(_ context.Context, ref optimistic.LeaseRef) error {
 	s.calls.Add(1)
-	if s.gate != nil {
-		<-s.gate
-	}
 	return s.fail(ref)
+}
+
+type clusterStore struct{ *scriptedStore }
+
+// Node puts the keys named dead… on a server of their own.
+func (s clusterStore) Node(_ context.Context, keyID string) (string, error) {
+	if strings.HasPrefix(keyID, "dead") {
+		return "dead:6379", nil
+	}
+	return "live:6379", nil
 }
 
 // backlogOf returns a backlog over s with a release pending on each of
@@ -102,90 +109,95 @@ func backlogOf(t *testing.T, s optimistic.LeaseStore, keys ...string) *backlog {
 	return q
 }
 
-// A key whose server does not answer while the others do (a Redis Cluster
-// master down) holds up no release on the others: the round goes on past
-// it, and leaves it for the next.
-func TestBacklogGoesOnPastAnUnreachableKey(t *testing.T) {
+// A server that does not answer while the others do (a Redis Cluster
+// master down) holds up no release on the others: the round goes on with
+// them, and leaves its releases, after the first that failed, for the
+// next round.
+func TestBacklogGoesServerByServer(t *testing.T) {
 	var keys, dead []string
 	for i := range 40 {
 		keys = append(keys, fmt.Sprintf("k%d", i))
 	}
-	for i := range 3 {
+	for i := range 10 {
 		dead = append(dead, fmt.Sprintf("dead%d", i))
 	}
 	s := &scriptedStore{fail: func(ref optimistic.LeaseRef) error {
 		if strings.HasPrefix(ref.KeyID, "dead") {
-			return fmt.Errorf("%w: %w: injected", optimistic.ErrStore, optimistic.ErrUnreachable)
+			return fmt.Errorf("%w: injected timeout", optimistic.ErrStore)
 		}
 		return nil
 	}}
-	q := backlogOf(t, s, append(keys, dead...)...)
-	require.False(t, q.round(t.Context()), "some still wait")
-	require.Zero(t, q.stuck(keys...), "every release on a server that answers went through")
+	q := backlogOf(t, clusterStore{s}, append(keys, dead...)...)
+	require.Equal(t, len(keys), q.round(t.Context()), "every release on the server that answers")
+	require.Zero(t, q.stuck(keys...))
 	require.Equal(t, len(dead), q.stuck(dead...))
+	require.Equal(t, int32(len(keys)+1), s.calls.Load(), "one try on the dead server")
 }
 
-// A store that fails otherwise (down as a whole) ends the round once the
-// releases under way are over: no more are sent to it.
+// A store on one server (standalone Redis, SQLite) ends the round at its
+// first failure: no more are sent to it.
 func TestBacklogStopsWhenTheStoreIsDown(t *testing.T) {
 	var keys []string
-	for i := range 3 * retryWorkers {
+	for i := range 20 {
 		keys = append(keys, fmt.Sprintf("k%d", i))
 	}
-	s := &scriptedStore{gate: make(chan struct{}), fail: func(optimistic.LeaseRef) error {
+	s := &scriptedStore{fail: func(optimistic.LeaseRef) error {
 		return fmt.Errorf("%w: injected outage", optimistic.ErrStore)
 	}}
 	q := backlogOf(t, s, keys...)
-	done := make(chan bool)
-	go func() { done <- q.round(t.Context()) }()
-	require.Eventually(t, func() bool { return s.calls.Load() == retryWorkers }, 10*time.Second, time.Millisecond,
-		"the round sends up to retryWorkers keys' releases at once")
-	close(s.gate)
-	require.False(t, <-done)
-	require.Equal(t, int32(retryWorkers), s.calls.Load(), "none sent after the first failure came back")
+	require.Zero(t, q.round(t.Context()))
+	require.Equal(t, int32(1), s.calls.Load())
 	require.Equal(t, len(keys), q.stuck(keys...))
 }
 
-// On a real cluster of two masters, one killed: the round releases every
-// lease on the master that answers, and leaves those on the dead one.
+// On a real cluster of two masters, one killed or silent (stopped): a
+// round releases every lease on the master that answers, and leaves
+// those on the other after one try (a silent one costs the round one
+// retryTimeout). A release on a killed master's key fails as unreachable.
 func TestBacklogGoesOnPastADeadMaster(t *testing.T) {
-	c := redistest.StartClusterN(t, 2, 0)
-	store, err := optimistic.New(c.Client(t), nil)
-	require.NoError(t, err)
-	ctx := t.Context()
-	victim := c.Nodes[0]
-	keys := rs.Schema{Prefix: rs.DefaultPrefix}
-	var live, dead []string
-	q := newBacklog(store, slog.New(slog.NewTextHandler(t.Output(), nil)))
-	for i := 0; len(live) < 48 || len(dead) < 4; i++ {
-		id := fmt.Sprintf("k%d", i)
-		m, _, err := c.MasterOf(ctx, keys.Key(id))
-		require.NoError(t, err)
-		if m == victim {
-			if len(dead) == 4 {
-				continue
+	for _, fault := range []string{"killed", "silent"} {
+		t.Run(fault, func(t *testing.T) {
+			c := redistest.StartClusterN(t, 2, 0)
+			store, err := optimistic.New(c.Client(t), nil)
+			require.NoError(t, err)
+			ctx := t.Context()
+			victim := c.Nodes[0]
+			keys := rs.Schema{Prefix: rs.DefaultPrefix}
+			var live, dead []string
+			var deadRef optimistic.LeaseRef
+			q := newBacklog(store, slog.New(slog.NewTextHandler(t.Output(), nil)))
+			for i := 0; len(live) < 24 || len(dead) < 8; i++ {
+				id := fmt.Sprintf("k%d", i)
+				m, _, err := c.MasterOf(ctx, keys.Leases(id))
+				require.NoError(t, err)
+				switch {
+				case m != victim && len(live) < 24:
+					live = append(live, id)
+				case m == victim && len(dead) < 8:
+					dead = append(dead, id)
+				default:
+					continue
+				}
+				require.NoError(t, store.SyncKey(ctx, optimistic.KeyState{ID: id, Provider: "openai", Pool: "default", Status: optimistic.StatusAvailable, MaxConcurrentUses: 1}))
+				l, _, err := store.Allocate(ctx, optimistic.AllocateRequest{Provider: "openai", Pool: "default", Candidates: []string{id}, TTL: time.Minute})
+				require.NoError(t, err)
+				q.pending[id] = map[string]optimistic.LeaseRef{l.LeaseID: l.LeaseRef}
+				q.counts.Pending++
+				if m == victim {
+					deadRef = l.LeaseRef
+				}
 			}
-			dead = append(dead, id)
-		} else {
-			if len(live) == 48 {
-				continue
+			if fault == "killed" {
+				c.Kill(victim)
+				require.ErrorIs(t, store.Release(ctx, deadRef), optimistic.ErrUnreachable)
+			} else {
+				require.NoError(t, victim.Signal(syscall.SIGSTOP))
 			}
-			live = append(live, id)
-		}
-		require.NoError(t, store.SyncKey(ctx, optimistic.KeyState{ID: id, Provider: "openai", Pool: "default", Status: optimistic.StatusAvailable, MaxConcurrentUses: 1}))
-		l, _, err := store.Allocate(ctx, optimistic.AllocateRequest{Provider: "openai", Pool: "default", Candidates: []string{id}, TTL: time.Minute})
-		require.NoError(t, err)
-		q.pending[id] = map[string]optimistic.LeaseRef{l.LeaseID: l.LeaseRef}
-		q.counts.Pending++
-	}
-	c.Kill(victim)
 
-	require.False(t, q.round(ctx), "the dead master's wait")
-	require.Zero(t, q.stuck(live...), "every release on the master that answers went through")
-	require.Equal(t, len(dead), q.stuck(dead...))
-	infos, err := store.Inspect(ctx, live...)
-	require.NoError(t, err)
-	for _, in := range infos {
-		require.Zero(t, in.Live, in.ID)
+			require.Equal(t, len(live), q.round(ctx), "every release on the master that answers")
+			require.Zero(t, q.stuck(live...))
+			require.Equal(t, len(dead), q.stuck(dead...))
+			require.Equal(t, int64(len(live)), q.stats().Released, "the store took them back")
+		})
 	}
 }

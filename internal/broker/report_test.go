@@ -110,6 +110,31 @@ func TestFailedReleasesAreRetried(t *testing.T) {
 	allocate(t, b, req("default"))
 }
 
+// A pool full only because releases wait for the store asks again once
+// some of them went through, though others still wait for a server that
+// does not answer (a Redis Cluster master down).
+func TestFullPoolFlushesWhatItCan(t *testing.T) {
+	e := newEnv(t, key("a", "default", 1), key("dead", "default", 1))
+	s := &hookStore{Store: e.store}
+	b := e.broker(e.cat, twoServers{s})
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		b.Close(ctx)
+	})
+	g1, g2 := allocate(t, b, req("default")), allocate(t, b, req("default"))
+	s.releaseDown.Store(true)
+	require.Error(t, b.Release(t.Context(), g1.LeaseRef))
+	require.Error(t, b.Release(t.Context(), g2.LeaseRef))
+	dead := "dead"
+	s.downKey.Store(&dead)
+	s.releaseDown.Store(false)
+	g, err := b.Allocate(t.Context(), req("default"))
+	require.NoError(t, err, "the release that went through made room")
+	require.Equal(t, "a", g.KeyID)
+	require.Equal(t, 1, b.Backlog().Pending, "dead's still waits")
+}
+
 // Close makes one last attempt; what still fails is left to expire.
 func TestCloseRetriesOnce(t *testing.T) {
 	e, s, b := hooked(t, 2)
