@@ -16,8 +16,9 @@ import (
 // On Redis Cluster, a master that does not answer (the key's, or its
 // pool's) makes it fail with ErrUnreachable too, so that a caller syncing
 // many keys can go on with the others.
-// Leases, the fencing counter (a new HASH's starts by the clock), a hold
-// after a loss (see Options.LostHold) and a stored last_used_at are kept:
+// Leases, the fencing counter, the grant count (a new HASH's starts from
+// the clock), a hold after a loss (see Options.LostHold) and a stored
+// last_used_at are kept:
 // k.LastUsedAt only fills in a missing one, with HSETNX, so that a grant
 // committed meanwhile is never overwritten. Allocate checks membership on
 // the HASH, so a partial failure can at worst leave a stale member in an
@@ -35,10 +36,10 @@ func (s *Store) SyncKey(ctx context.Context, k KeyState) error {
 	oldPool, _ := old[1].(string)
 	var seed int64
 	if oldProvider == "" {
-		// A HASH made anew takes a fence by the store's clock, above every
-		// one a process saw on the key before it was deleted or lost, so
-		// that it is never found behind for that, and a loss before its
-		// first grant is noticed (see lost.go).
+		// A HASH made anew starts its grant count from the store's clock,
+		// above every count a process saw on the key before it was
+		// deleted or lost, so that it is never found behind for that,
+		// and a loss before its first grant is noticed (see lost.go).
 		if seed, err = s.clockMicros(ctx, keyKey); err != nil {
 			return Classify(ctx, "sync key", s.markPartial(ctx, err))
 		}
@@ -55,7 +56,7 @@ func (s *Store) SyncKey(ctx context.Context, k KeyState) error {
 			p.HSetNX(ctx, keyKey, rs.FieldLastUsed, k.LastUsedAt.UnixMilli())
 		}
 		if seed > 0 {
-			p.HSetNX(ctx, keyKey, rs.FieldFence, seed)
+			p.HSetNX(ctx, keyKey, rs.FieldSeq, seed)
 		}
 		p.ZAdd(ctx, s.keys.Pool(k.Provider, k.Pool), redis.Z{Score: k.Score, Member: k.ID})
 		if oldProvider != "" && (oldProvider != k.Provider || oldPool != k.Pool) {
@@ -74,7 +75,7 @@ func (s *Store) SyncKey(ctx context.Context, k KeyState) error {
 }
 
 // clockMicros reads the clock of the server that holds key, in
-// microseconds, as NextFence takes it.
+// microseconds.
 func (s *Store) clockMicros(ctx context.Context, key string) (int64, error) {
 	node, err := s.owner(ctx, key)
 	if err != nil {
@@ -108,7 +109,7 @@ func (s *Store) DeleteKey(ctx context.Context, keyID string) error {
 		return err
 	})
 	if err == nil {
-		s.fences.forget(keyID)
+		s.seqs.forget(keyID)
 	}
 	return Classify(ctx, "delete key", err)
 }
@@ -192,7 +193,7 @@ func (s *Store) Inspect(ctx context.Context, keyIDs ...string) ([]KeyInfo, error
 	)
 	for i, id := range keyIDs {
 		if !s.replicaReads {
-			seen[i] = s.fences.last(id)
+			seen[i] = s.seqs.last(id)
 		}
 	}
 	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {

@@ -199,6 +199,7 @@ type verdict struct {
 	granted bool  // a lease on it is ours: until and fence say which
 	until   int64 // lease expiry (ms)
 	fence   int64
+	seq     int64     // the key's grant count after the commit
 	pruned  int       // expired leases the commit removed
 	full    bool      // read with no slot for this call's provider and pool
 	free    int64     // skipped: when it frees up (ms), 0 if never by itself
@@ -286,6 +287,10 @@ func (a *allocation) try(ctx context.Context, c *conns, keyID string, wait bool)
 		return false, err
 	}
 	settleTickets(v.batch, v.granted, errors.Is(err, errRecheck))
+	if v.granted {
+		a.fences.saw(keyID, v.fence+int64(len(v.batch)))
+		a.seqs.saw(keyID, v.seq)
+	}
 	if v.granted && len(v.batch) > 0 && ctx.Err() != nil {
 		// Committed for the others after this call's ctx ended (see
 		// settle): its own lease goes back, as a ticket's would.
@@ -294,7 +299,6 @@ func (a *allocation) try(ctx context.Context, c *conns, keyID string, wait bool)
 	}
 	if v.granted {
 		a.grant(keyID, v.until, v.fence)
-		a.fences.saw(keyID, v.fence+int64(len(v.batch)))
 		a.stats.Pruned += v.pruned
 		a.notes.won(keyID)
 	}
@@ -375,7 +379,7 @@ func (a *allocation) decide(ctx context.Context, t *txn, keyID string) (verdict,
 			leases *redis.ZSliceCmd
 			record *redis.SliceCmd
 		)
-		seen := a.fences.last(keyID)
+		seen := a.seqs.last(keyID)
 		err := t.read(ctx, func(p redis.Pipeliner) {
 			clock = p.Time(ctx)
 			hash = p.HMGet(ctx, keyKey, keyFields...)
@@ -391,7 +395,10 @@ func (a *allocation) decide(ctx context.Context, t *txn, keyID string) (verdict,
 		now := clockNow.UnixMilli()
 		if recheck {
 			if until, ok := liveScore(leases.Val(), a.member, now); ok {
-				return a.adopt(ctx, t, recordKey, until, record.Val())
+				v, err := a.adopt(ctx, t, recordKey, until, record.Val())
+				// Read after the lost EXEC, the count has its grant.
+				v.seq = parseKey(hash.Val()).seq
+				return v, err
 			}
 		}
 		v.settled = true
@@ -460,9 +467,12 @@ func (a *allocation) take(ctx context.Context, t *txn, v verdict, keyID string, 
 			body = append(body, a.leaseWrites(keyID, tk.member, tk.provider, tk.pool, tk.until, tk.fence)...)
 		}
 	}
+	// The HASH is watched, and every write of its count writes the HASH:
+	// the count read is the count at EXEC.
+	v.seq = nextSeq(k.seq, int64(1+len(v.batch)), clockNow)
 	body = append(body, cmd{"hset", keyKey,
 		rs.FieldStatus, string(StatusAvailable), rs.FieldCooldown, "",
-		rs.FieldLastUsed, now, rs.FieldFence, last})
+		rs.FieldLastUsed, now, rs.FieldFence, last, rs.FieldSeq, v.seq})
 	v.pruned = len(ls.expired)
 	return a.settle(ctx, t, v, body, until, fence)
 }

@@ -184,15 +184,13 @@ type KeyInfo struct {
 	// can grant now, else the end of its cooldown or its first lease expiry,
 	// whichever is later. Zero means it never frees up by itself.
 	FreeAt time.Time
-	// Fence is the last fencing token handed out, or where a key's tokens
-	// start (the Redis store starts a HASH it makes at its clock, see
-	// SyncKey); every grant hands out one above it.
+	// Fence is the last fencing token handed out.
 	Fence int64
 	// LastUsedAt is the key's last grant by the store's clock (ms), or the
 	// KeyState.LastUsedAt it was seeded with; zero if neither.
 	LastUsedAt time.Time
 	// HeldUntil is when the hold ends that a store put on the key on
-	// finding its state older than a grant it had seen (see
+	// finding its state older than grants it had seen (see
 	// Options.LostHold): the store lost leases that may still be in use,
 	// and grants nothing on the key before then. Zero if none.
 	HeldUntil time.Time

@@ -62,11 +62,11 @@ func TestDecideLeavesCallStateAlone(t *testing.T) {
 	require.Equal(t, 1, infos[0].Live)
 
 	// A call whose EXEC on "free" committed though its reply was lost
-	// rechecks "free" and adopts that lease, fence included, and still
-	// changes nothing.
+	// rechecks "free" and adopts that lease, fence and grant count
+	// included, and still changes nothing.
 	b, st := newCall(a.leaseID, "free")
 	v = decideOn(b, st, "free")
-	require.Equal(t, verdict{granted: true, until: granted.until, fence: granted.fence}, v)
+	require.Equal(t, verdict{granted: true, until: granted.until, fence: granted.fence, seq: granted.seq}, v)
 	infos, err = s.Inspect(ctx, "free")
 	require.NoError(t, err)
 	require.Equal(t, 1, infos[0].Live, "no second slot")

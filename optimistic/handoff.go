@@ -88,10 +88,10 @@ func (c *storeClock) now(node *redis.Client) (int64, bool) {
 // for a handoff to take the next one (see above): Store.fenceFresh.
 const fenceFresh = time.Second
 
-// fences keeps the highest fence this process saw on each key: granted
-// (by its grants and handoffs) or read in the key HASH, so the store had
-// it. A read that finds a lower one, though sent after, is behind (see
-// keyState.behind). It is safe for concurrent use.
+// fences keeps the highest value of a kind this process saw on each key:
+// the fences it granted (Store.fences, for handoffs), or the grant counts
+// it granted or read (Store.seqs, see lost.go). It is safe for concurrent
+// use.
 type fences struct{ m sync.Map } // key id → int64
 
 // saw records fence, unless a higher one was seen.
@@ -111,12 +111,12 @@ func (f *fences) saw(keyID string, fence int64) {
 	}
 }
 
-// forget drops keyID's fence, for a key this process deleted: the fence
+// forget drops keyID's value, for a key this process deleted: the count
 // its next HASH starts with is by the clock of the server that holds it,
-// which need not be above every fence of the old one (see SyncKey).
+// which need not be above every count of the old one (see SyncKey).
 func (f *fences) forget(keyID string) { f.m.Delete(keyID) }
 
-// last returns the highest fence seen on keyID, 0 if none.
+// last returns the highest value seen on keyID, 0 if none.
 func (f *fences) last(keyID string) int64 {
 	v, ok := f.m.Load(keyID)
 	if !ok {
@@ -162,6 +162,8 @@ const (
 	_ // its record
 	_ // its record's expiry
 	handFence
+	_ // the key's last use
+	handSeq
 )
 
 // handOver releases ref's lease and grants h in one MULTI on node (see
@@ -189,9 +191,10 @@ func (s *Store) handOver(ctx context.Context, node *redis.Client, ref LeaseRef, 
 		{"pexpireat", record, until + s.opts.RecordGrace.Milliseconds()},
 		{"hincrby", keyKey, rs.FieldFence, 1},
 		{"hset", keyKey, rs.FieldLastUsed, now},
+		{"hincrby", keyKey, rs.FieldSeq, 1},
 	}
 	numsub := cmd{"pubsub", "shardnumsub", s.keys.Free(keyID)}
-	seen := s.fences.last(keyID)
+	seen := s.seqs.last(keyID)
 	settled := func(replies []any, then any, err error) {
 		var stray bool
 		if err == nil {
@@ -200,6 +203,9 @@ func (s *Store) handOver(ctx context.Context, node *redis.Client, ref LeaseRef, 
 			lease, ok, gone := s.granted(node, replies, h, keyID, leaseID, until, seen)
 			if ok {
 				s.fences.saw(keyID, lease.Fence)
+				if seq, ok := replyInt(replies, handSeq); ok {
+					s.seqs.saw(keyID, seq)
+				}
 				h.settle(lease, true)
 				return
 			}
@@ -217,11 +223,12 @@ func (s *Store) handOver(ctx context.Context, node *redis.Client, ref LeaseRef, 
 			defer cancel()
 			s.giveBackMembers(ctx, keyID, m)
 			if stray {
-				// The key was gone: the fence and last-use writes made a
-				// HASH of their own, which goes too. A key written again
-				// meanwhile only loses them: its next fence is by the
-				// clock (NextFence), and a last use is a ranking hint.
-				_ = s.rdb.HDel(ctx, keyKey, rs.FieldFence, rs.FieldLastUsed).Err()
+				// The key was gone: the fence, last-use and count writes
+				// made a HASH of their own, which goes too. A key written
+				// again meanwhile only loses them: its next fence is by
+				// the clock (NextFence), a last use is a ranking hint, and
+				// a count from zero is never compared (see lost.go).
+				_ = s.rdb.HDel(ctx, keyKey, rs.FieldFence, rs.FieldLastUsed, rs.FieldSeq).Err()
 			}
 			h.settle(Lease{}, false)
 			if n, _ := replyInt(replies, handRemoved); n == 1 || err != nil {
@@ -240,7 +247,7 @@ func (s *Store) handOver(ctx context.Context, node *redis.Client, ref LeaseRef, 
 // granted says whether a handoff's MULTI, which replied replies, granted
 // h the lease leaseID until (see above), and if not, whether the key was
 // gone (the MULTI's HASH writes then made a stray one). A key behind seen,
-// the highest fence this process saw on it before the MULTI, grants
+// the highest grant count this process saw on it before the MULTI, grants
 // nothing (see lost.go).
 func (s *Store) granted(node *redis.Client, replies []any, h *handoff, keyID, leaseID string, until, seen int64) (lease Lease, ok, stray bool) {
 	now, ok := replyMillis(replies[handTime])
@@ -256,11 +263,11 @@ func (s *Store) granted(node *redis.Client, replies []any, h *handoff, keyID, le
 	if !k.member(h.provider, h.pool) || !k.usable(now) || k.behind(seen) || count > int64(k.limit) ||
 		!freshFence(k.fence, now, s.fenceFresh) || fence <= 0 || long < ttl/2 || long > ttl+ttl/2 {
 		if k.behind(seen) {
-			// The MULTI's HINCRBY took the fence one up, perhaps to the
-			// one seen: the fence the store lost is one above that, so
+			// The MULTI's HINCRBY took the count one up, perhaps to the
+			// one seen: the count the store lost is one above that, so
 			// that the caller's own try still finds the key behind and
 			// holds it back. Without a loss the HASH is above it now.
-			s.fences.saw(keyID, seen+1)
+			s.seqs.saw(keyID, seen+1)
 		}
 		return Lease{}, false, !k.exists
 	}

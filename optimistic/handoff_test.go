@@ -192,13 +192,13 @@ func TestLostReplyOfAHandoff(t *testing.T) {
 	require.Len(t, srv.Find(t, ":lease:"), 1)
 }
 
-// A key whose last fence is not fresh by the store's clock (a HASH from
-// an older release, without one, or no grant but handoffs for a while) is
-// handed nothing: the caller takes the slot itself, with a fence by the
-// clock, above every one given before. One that is fresh is handed on.
-// A process whose own last fence seen is stale does not even try. (A HASH
-// whose fence is lower than this process saw is a loss, held back: see
-// TestLossIsHeldBack.)
+// A key whose last fence is not fresh by the store's clock (a HASH made
+// again, without one, or no grant but handoffs for a while) is handed
+// nothing: the caller takes the slot itself, with a fence by the clock,
+// above every one given before. One that is fresh is handed on. A
+// process whose own last fence seen is stale does not even try. (A HASH
+// whose grant count is lower than this process saw is a loss, held back:
+// see TestHandoffOnALossIsRefused.)
 func TestStaleFenceIsNotHandedOn(t *testing.T) {
 	for _, c := range []struct {
 		name          string

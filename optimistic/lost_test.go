@@ -8,17 +8,18 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	rs "github.com/credpool/credpool/internal/redisschema"
 	"github.com/credpool/credpool/test/redistest"
 )
 
 // Redis restarts from a snapshot older than its last grants (saved
-// before the key's first grant: only the fence SyncKey gave the new HASH
-// is in it). The leases granted since are gone from the store while
-// their holders still use them. The process that saw a later fence, by
-// its own grant or by a read, finds the key behind at its next read and
-// holds it back for LostHold in the store, so that a process that saw
-// nothing refuses it too; then grants resume above every fence given. At
-// no time are there more holders than the limit.
+// before the key's first grant: only the count SyncKey started the new
+// HASH with is in it). The leases granted since are gone from the store
+// while their holders still use them. The process that saw a higher
+// count, by its own grant or by a read, finds the key behind at its next
+// read and holds it back for LostHold in the store, so that a process
+// that saw nothing refuses it too; then grants resume, with fences above
+// every one given. At no time are there more holders than the limit.
 func TestLossIsHeldBack(t *testing.T) {
 	for _, c := range []struct {
 		name string
@@ -56,7 +57,7 @@ func TestLossIsHeldBack(t *testing.T) {
 				require.NoError(t, err)
 				held = append(held, l)
 			}
-			_, err := reader.Inspect(ctx, "k") // reads the second grant's fence
+			_, err := reader.Inspect(ctx, "k") // reads the second grant's count
 			require.NoError(t, err)
 
 			srv = srv.Restart(t)
@@ -90,25 +91,61 @@ func TestLossIsHeldBack(t *testing.T) {
 	}
 }
 
-// A key deleted and synced again starts with a fence by the clock, so a
-// process that saw its old fences does not find it behind (as long as
-// the server's clock has not gone back; the process that deleted it
+// A process that saw none of the lost grants grants first after the
+// restart: the key's grant count goes up by one, still below the count
+// the process that made the lost grants saw, which finds the key behind
+// at its next read and holds it back, for both. (A fence, which jumps to
+// the clock at each grant, would have hidden the loss from it.)
+func TestLossIsFoundAfterAnotherGrants(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := t.Context()
+	open := func() *Store {
+		rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
+		t.Cleanup(func() { _ = rdb.Close() })
+		s, err := New(rdb, &Options{LostHold: lostHold})
+		require.NoError(t, err)
+		return s
+	}
+	granter, other := open(), open()
+	require.NoError(t, granter.SyncKey(ctx, KeyState{ID: "k", Provider: "openai", Pool: "default", Status: StatusAvailable, MaxConcurrentUses: 3}))
+	require.NoError(t, srv.Client(t).Save(ctx).Err())
+	for range 2 {
+		_, _, err := granter.Allocate(ctx, lostReq())
+		require.NoError(t, err)
+	}
+	srv.Restart(t)
+	_, _, err := other.Allocate(ctx, lostReq())
+	require.NoError(t, err, "it saw nothing to miss")
+	infos, err := granter.Inspect(ctx, "k")
+	require.NoError(t, err)
+	require.WithinDuration(t, time.Now().Add(lostHold), infos[0].HeldUntil, time.Second, "found behind")
+	_, _, err = other.Allocate(ctx, lostReq())
+	requireHeld(t, err)
+}
+
+// A key deleted and synced again starts its grant count from the clock,
+// so a process that saw its old counts does not find it behind (as long
+// as the server's clock has not gone back; the process that deleted it
 // forgets them anyway).
 func TestKeyMadeAgainIsNotBehind(t *testing.T) {
 	a, b := waitStores(t, false)
 	ctx := t.Context()
-	l, _, err := a.Allocate(ctx, waitReq(0))
+	_, _, err := a.Allocate(ctx, waitReq(0))
 	require.NoError(t, err)
 	_, err = b.Inspect(ctx, "k")
 	require.NoError(t, err)
+	old := b.seqs.last("k")
+	require.Positive(t, old)
 	require.NoError(t, a.DeleteKey(ctx, "k"))
-	require.Zero(t, a.fences.last("k"), "the deleting process forgets the old fences")
+	require.Zero(t, a.seqs.last("k"), "the deleting process forgets the old counts")
 	require.NoError(t, a.SyncKey(ctx, KeyState{ID: "k", Provider: "openai", Pool: "default", Status: StatusAvailable, MaxConcurrentUses: 1}))
+	seq, err := a.rdb.HGet(ctx, a.keys.Key("k"), rs.FieldSeq).Int64()
+	require.NoError(t, err)
+	require.Greater(t, seq, old, "the new count starts above the old")
 	for _, s := range []*Store{a, b} {
 		infos, err := s.Inspect(ctx, "k")
 		require.NoError(t, err)
 		require.Zero(t, infos[0].HeldUntil)
-		require.Greater(t, infos[0].Fence, l.Fence)
 	}
 	_, _, err = b.Allocate(ctx, waitReq(0))
 	require.NoError(t, err)
@@ -119,11 +156,11 @@ func TestKeyMadeAgainIsNotBehind(t *testing.T) {
 // loss. Only acknowledged grants count as seen there.
 func TestReadsAreNotSeenWithMinReplicas(t *testing.T) {
 	s := &Store{opts: Options{MinReplicas: 1}}
-	s.sawRead("k", keyState{exists: true, fence: 7})
-	require.Zero(t, s.fences.last("k"))
+	s.sawRead("k", keyState{exists: true, seq: 7})
+	require.Zero(t, s.seqs.last("k"))
 	s.opts.MinReplicas = 0
-	s.sawRead("k", keyState{exists: true, fence: 7})
-	require.Equal(t, int64(7), s.fences.last("k"))
+	s.sawRead("k", keyState{exists: true, seq: 7})
+	require.Equal(t, int64(7), s.seqs.last("k"))
 }
 
 // A cluster client that may send reads to replicas (which lag) reads the
@@ -145,15 +182,15 @@ func TestReplicaReadsAreNotSeen(t *testing.T) {
 			c.opts.Addrs = []string{addr}
 			granter := storeOn(t, redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{addr}}))
 			require.NoError(t, granter.SyncKey(t.Context(), KeyState{ID: "k", Provider: "openai", Pool: "default", Status: StatusAvailable, MaxConcurrentUses: 1000}))
-			l, _, err := granter.Allocate(t.Context(), waitReq(0))
+			_, _, err := granter.Allocate(t.Context(), waitReq(0))
 			require.NoError(t, err)
 			reader := storeOn(t, redis.NewClusterClient(&c.opts))
 			_, err = reader.Inspect(t.Context(), "k")
 			require.NoError(t, err)
 			if c.seen {
-				require.GreaterOrEqual(t, reader.fences.last("k"), l.Fence)
+				require.Equal(t, granter.seqs.last("k"), reader.seqs.last("k"))
 			} else {
-				require.Zero(t, reader.fences.last("k"))
+				require.Zero(t, reader.seqs.last("k"))
 			}
 		})
 	}
@@ -180,8 +217,8 @@ func requireHeld(t *testing.T, err error) {
 // handoff. Released again, it would hand the fence the lost handoff gave
 // (the HINCRBY counts from the snapshot's) to a second holder of a
 // limit-1 key; the handoff is refused instead, and the caller's own try,
-// which reads the fence that HINCRBY left, still finds the key behind and
-// holds it back: the caller gets nothing.
+// which reads the count that handoff's HINCRBY left (the lost one's),
+// still finds the key behind and holds it back: the caller gets nothing.
 func TestHandoffOnALossIsRefused(t *testing.T) {
 	srv := redistest.Start(t)
 	s := storeOn(t, redis.NewClient(&redis.Options{Addr: srv.Addr}))
@@ -193,6 +230,7 @@ func TestHandoffOnALossIsRefused(t *testing.T) {
 	handed := second.result(t)
 	require.NoError(t, handed.err)
 	require.Zero(t, handed.stats.Attempts, "handed over")
+	lost := s.seqs.last("k") // the handoff's count
 	third := startWaiter(t, s, 1)
 
 	srv.Restart(t)
@@ -212,5 +250,31 @@ func TestHandoffOnALossIsRefused(t *testing.T) {
 	third.cancel()
 	got := third.result(t)
 	require.Error(t, got.err, "a second holder of the key: %+v", got.lease)
-	require.Equal(t, handed.lease.Fence, s.fences.last("k")-1, "the fence the handoff lost, and one")
+	require.Equal(t, lost+1, s.seqs.last("k"), "the count the handoff lost, and one")
+}
+
+// A grant recovered after its EXEC's reply was lost counts as seen, as
+// any other grant does: the recheck's read, after that EXEC, has its
+// count.
+func TestRecoveredGrantIsSeen(t *testing.T) {
+	srv := redistest.Start(t)
+	proxy := redistest.NewProxy(t, srv.Addr)
+	s := storeOn(t, redis.NewClient(&redis.Options{Addr: proxy.Addr, DialerRetries: 1}))
+	ctx := t.Context()
+	require.NoError(t, s.SyncKey(ctx, KeyState{ID: "k", Provider: "openai", Pool: "default", Status: StatusAvailable, MaxConcurrentUses: 2}))
+	proxy.CutNextExec()
+	_, _, err := s.Allocate(ctx, waitReq(0))
+	require.NoError(t, err)
+	require.Equal(t, 1, proxy.Cuts())
+	seq, err := srv.Client(t).HGet(ctx, s.keys.Key("k"), rs.FieldSeq).Int64()
+	require.NoError(t, err)
+	require.Equal(t, seq, s.seqs.last("k"))
+}
+
+// A hold shorter than fenceFresh could let a handoff hand out a lost
+// handoff's fence again once it ends: LostHold is at least that.
+func TestLostHoldIsAtLeastFenceFresh(t *testing.T) {
+	require.Equal(t, fenceFresh, (&Options{LostHold: time.Millisecond}).withDefaults().LostHold)
+	require.Equal(t, time.Hour, (*Options)(nil).withDefaults().LostHold)
+	require.Equal(t, lostHold, (&Options{LostHold: lostHold}).withDefaults().LostHold)
 }

@@ -10,7 +10,7 @@ import (
 )
 
 // keyFields are the key HASH fields every read takes, in parseKey's order.
-var keyFields = []string{rs.FieldProvider, rs.FieldPool, rs.FieldStatus, rs.FieldCooldown, rs.FieldLimit, rs.FieldFence, rs.FieldLastUsed, rs.FieldHeld}
+var keyFields = []string{rs.FieldProvider, rs.FieldPool, rs.FieldStatus, rs.FieldCooldown, rs.FieldLimit, rs.FieldFence, rs.FieldLastUsed, rs.FieldHeld, rs.FieldSeq}
 
 // keyState is one read of a key HASH.
 type keyState struct {
@@ -23,6 +23,7 @@ type keyState struct {
 	fence    int64
 	lastUsed int64 // ms, 0 if never granted
 	held     int64 // ms: no grant before (see Options.LostHold), 0 if none
+	seq      int64 // the grants' count (see lost.go)
 }
 
 // parseKey reads an HMGET of keyFields; a missing provider means no key.
@@ -38,6 +39,7 @@ func parseKey(vals []any) keyState {
 	fence, _ := strconv.ParseInt(str(5), 10, 64)
 	lastUsed, _ := strconv.ParseInt(str(6), 10, 64)
 	held, _ := strconv.ParseInt(str(7), 10, 64)
+	seq, _ := strconv.ParseInt(str(8), 10, 64)
 	return keyState{
 		exists:   str(0) != "",
 		provider: str(0),
@@ -48,6 +50,7 @@ func parseKey(vals []any) keyState {
 		fence:    fence,
 		lastUsed: lastUsed,
 		held:     held,
+		seq:      seq,
 	}
 }
 
@@ -57,19 +60,29 @@ func (k keyState) usable(now int64) bool {
 	return Usable(k.status, k.cooldown, now) && k.held <= now
 }
 
-// behind reports whether the key's state is older than seen, a fence this
-// process saw granted or read on it: the store came back from an older
-// copy and forgot the grants since (see lost.go). A HASH without a clock
-// fence is never behind: every HASH a store makes gets one (SyncKey), so
-// only one from an older release has none, or a count from zero that a
-// refused handoff's HINCRBY left on it.
+// behind reports whether the key's state is older than seen, a grant
+// count this process saw granted or read on it: the store came back from
+// an older copy and forgot the grants since (see lost.go). A HASH whose
+// count did not start from the clock is never behind: every HASH a store
+// makes starts one (SyncKey), and so does its next grant, so only one
+// from an older release has none, or a count from zero that a handoff's
+// HINCRBY made on a HASH without one.
 func (k keyState) behind(seen int64) bool {
-	return k.exists && k.fence >= minClockFence && k.fence < seen
+	return k.exists && k.seq >= minClockSeq && k.seq < seen
 }
 
-// minClockFence is the least fence NextFence gives by the clock (µs, in
-// 2001): a fence below it is a count from zero, not a clock reading.
-const minClockFence = 1_000_000_000_000_000
+// minClockSeq is the least count started from the clock (µs, in 2001): a
+// count below it started from zero.
+const minClockSeq = 1_000_000_000_000_000
+
+// nextSeq is the count after n more grants on a key whose count is last,
+// read at now: one that did not start from the clock starts there.
+func nextSeq(last, n int64, now time.Time) int64 {
+	if last < minClockSeq {
+		last = now.UnixMicro()
+	}
+	return last + n
+}
 
 func (k keyState) member(provider, pool string) bool {
 	return k.exists && k.provider == provider && k.pool == pool

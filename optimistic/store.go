@@ -91,7 +91,8 @@ type Options struct {
 	// caught up), and leases granted since may be in use while the store
 	// no longer counts them. The hold is written into the key HASH, so
 	// every process refuses the key until it ends; set it to the longest
-	// a lease may live, renewals included.
+	// a lease may live, renewals included. Less than a second is taken as
+	// a second.
 	//
 	// default: 1h
 	LostHold time.Duration
@@ -126,6 +127,10 @@ func (o *Options) withDefaults() Options {
 	if out.LostHold <= 0 {
 		out.LostHold = time.Hour
 	}
+	// A hold leaves the fence as the store came back with: it must
+	// outlast fenceFresh, or a handoff right after it could hand out a
+	// lost handoff's token again.
+	out.LostHold = max(out.LostHold, fenceFresh)
 	return out
 }
 
@@ -161,6 +166,9 @@ type Store struct {
 	// handoff).
 	clock  storeClock
 	fences fences
+	// seqs is the highest grant count this process saw on each key,
+	// granted or read (see lost.go).
+	seqs fences
 	// fenceFresh is fenceFresh; tests that are not about it lengthen it.
 	fenceFresh time.Duration
 	// announceEvery, heardWithin and turnSlack are announceEvery,

@@ -102,8 +102,11 @@ const (
 	FieldLimit    = "max_concurrent_uses"
 	FieldLastUsed = "last_used_at"
 	FieldFence    = "fence"
-	// FieldHeld (ms) is set by a store that found the key's state older
-	// than a grant it saw: no grant until then (see optimistic.Options.LostHold).
+	// FieldSeq counts the key's grants, from the clock (µs) when the
+	// HASH was made; FieldHeld (ms) is set by a store that found the
+	// count below one it saw: no grant until then (see
+	// optimistic.Options.LostHold).
+	FieldSeq   = "seq"
 	FieldHeld  = "held_until"
 	FieldKeyID = "key_id"
 	FieldUntil = "lease_until"
