@@ -41,13 +41,7 @@ func TestLossIsHeldBack(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			srv := redistest.Start(t)
 			ctx := t.Context()
-			open := func(addr string) *Store {
-				rdb := redis.NewClient(&redis.Options{Addr: addr})
-				t.Cleanup(func() { _ = rdb.Close() })
-				s, err := New(rdb, &Options{LostHold: lostHold})
-				require.NoError(t, err)
-				return s
-			}
+			open := func(addr string) *Store { return lostStore(t, addr) }
 			granter, reader := open(srv.Addr), open(srv.Addr)
 			require.NoError(t, granter.SyncKey(ctx, KeyState{ID: "k", Provider: "openai", Pool: "default", Status: StatusAvailable, MaxConcurrentUses: 2}))
 			require.NoError(t, srv.Client(t).Save(ctx).Err())
@@ -99,14 +93,7 @@ func TestLossIsHeldBack(t *testing.T) {
 func TestLossIsFoundAfterAnotherGrants(t *testing.T) {
 	srv := redistest.Start(t)
 	ctx := t.Context()
-	open := func() *Store {
-		rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
-		t.Cleanup(func() { _ = rdb.Close() })
-		s, err := New(rdb, &Options{LostHold: lostHold})
-		require.NoError(t, err)
-		return s
-	}
-	granter, other := open(), open()
+	granter, other := lostStore(t, srv.Addr), lostStore(t, srv.Addr)
 	require.NoError(t, granter.SyncKey(ctx, KeyState{ID: "k", Provider: "openai", Pool: "default", Status: StatusAvailable, MaxConcurrentUses: 3}))
 	require.NoError(t, srv.Client(t).Save(ctx).Err())
 	for range 2 {
@@ -197,6 +184,17 @@ func TestReplicaReadsAreNotSeen(t *testing.T) {
 }
 
 const lostHold = 1500 * time.Millisecond
+
+// lostStore is a store on the server at addr that holds a key it finds
+// behind for lostHold.
+func lostStore(t *testing.T, addr string) *Store {
+	t.Helper()
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	t.Cleanup(func() { _ = rdb.Close() })
+	s, err := New(rdb, &Options{LostHold: lostHold})
+	require.NoError(t, err)
+	return s
+}
 
 func lostReq() AllocateRequest {
 	return AllocateRequest{Provider: "openai", Pool: "default", Candidates: []string{"k"}, TTL: time.Second}
