@@ -25,7 +25,7 @@ import (
 // Two replicas and MinReplicas 1: a grant is on a replica before it is
 // answered, and Sentinel promotes the replica with the most data, so the
 // failover loses no grant (with no acknowledgements it may, as
-// TestHTTPFailoverWithoutAcksOversells shows).
+// TestHTTPFailoverWithoutAcksHoldsTheKeyBack shows).
 func TestHTTPSentinelFailover(t *testing.T) {
 	const limit = 60 * time.Second
 	sn := redistest.StartSentinels(t, 2)
