@@ -94,18 +94,18 @@ const fenceFresh = time.Second
 // use.
 type fences struct{ m sync.Map } // key id → int64
 
-// saw records fence, unless a higher one was seen.
-func (f *fences) saw(keyID string, fence int64) {
+// saw records n, unless a higher value was seen.
+func (f *fences) saw(keyID string, n int64) {
 	for {
 		v, ok := f.m.Load(keyID)
 		switch {
-		case ok && v.(int64) >= fence:
+		case ok && v.(int64) >= n:
 			return
 		case !ok:
-			if _, loaded := f.m.LoadOrStore(keyID, fence); !loaded {
+			if _, loaded := f.m.LoadOrStore(keyID, n); !loaded {
 				return
 			}
-		case f.m.CompareAndSwap(keyID, v, fence):
+		case f.m.CompareAndSwap(keyID, v, n):
 			return
 		}
 	}

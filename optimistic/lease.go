@@ -58,9 +58,9 @@ func (s *Store) Release(ctx context.Context, ref LeaseRef) error {
 // Node names the server that holds keyID's leases, as this store's client
 // routes them now: on Redis Cluster its master's address by the client's
 // slot map (a slot that moves since is followed by the calls themselves);
-// on other clients "", one server for every key. Keys on different
-// servers fail apart: a caller retrying many releases can go server by
-// server.
+// on other clients "" (one server for every key; a Ring's shards are not
+// told apart). Keys on different servers fail apart: a caller retrying
+// many releases can go server by server.
 func (s *Store) Node(ctx context.Context, keyID string) (string, error) {
 	c, ok := s.rdb.(*redis.ClusterClient)
 	if !ok {

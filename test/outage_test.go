@@ -319,7 +319,7 @@ func TestHTTPRedisLosesStateUnderLoad(t *testing.T) {
 // key behind, holds it back until every lease it may have lost has ended
 // and says so; no key ever has more users than its limit.
 func TestHTTPRedisRestartsFromOlderStateUnderLoad(t *testing.T) {
-	const maxLease = 2 * time.Second
+	const maxLease = 4 * time.Second
 	s := startService(t, serviceOptions{maxLease: maxLease})
 	var (
 		ready    map[string]any
@@ -336,7 +336,7 @@ func TestHTTPRedisRestartsFromOlderStateUnderLoad(t *testing.T) {
 			return ready["status"] == "degraded"
 		})
 		lostKeys, _ = s.metric(t, "credpool_store_lost_keys_total")
-		time.Sleep(4 * time.Second) // a 2s hold, with room to spare
+		time.Sleep(maxLease + 2*time.Second) // the hold, with room to spare
 	})
 	require.Greater(t, marks[0], int64(0), "grants before the restart")
 	require.Greater(t, marks[1], marks[0], "grants after the hold")

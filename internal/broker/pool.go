@@ -100,6 +100,7 @@ func (p *poolRun) allocate(ctx context.Context, cands []catalog.Key) error {
 	}
 	retried := false
 	for len(order) > 0 {
+		settled := p.backlog.settled()
 		lease, st, err := p.store.Allocate(ctx, optimistic.AllocateRequest{
 			Provider: p.req.Provider, Pool: p.pool, Candidates: order, TTL: p.req.TTL,
 		})
@@ -124,9 +125,12 @@ func (p *poolRun) allocate(ctx context.Context, cands []catalog.Key) error {
 				return rerr
 			}
 			// Full perhaps only because releases waited for the store: if
-			// it takes some now, ask again.
-			flushed := p.backlog.stuck(ids(cands)...) > 0 && p.backlog.round(ctx, ids(cands)...) > 0
-			if n > 0 || flushed {
+			// it took some since it was asked, in this round or the
+			// background's, ask again.
+			if p.backlog.stuck(ids(cands)...) > 0 {
+				p.backlog.round(ctx, ids(cands)...)
+			}
+			if n > 0 || p.backlog.settled() > settled {
 				continue
 			}
 		}

@@ -53,6 +53,10 @@ type backlog struct {
 	// is sent twice and counted twice.
 	turn chan struct{}
 
+	// answered counts the releases the store answered, in rounds of
+	// any caller's (see settled).
+	answered atomic.Int64
+
 	mu      sync.Mutex
 	pending map[string]map[string]optimistic.LeaseRef // by key id, then lease id
 	counts  Backlog                                   // Pending included
@@ -95,6 +99,11 @@ func (q *backlog) add(ref optimistic.LeaseRef) {
 		go q.loop(ctx, q.done)
 	}
 }
+
+// settled returns how many releases the store has answered since start:
+// one read before asking the store and one after a round tell whether
+// any round, the background's too, freed something meanwhile.
+func (q *backlog) settled() int64 { return q.answered.Load() }
 
 // stuck reports how many releases on the given keys wait for the store.
 func (q *backlog) stuck(keyIDs ...string) int {
@@ -191,8 +200,8 @@ func (q *backlog) retry(ctx context.Context, keyIDs []string) int {
 		if ok {
 			var err error
 			if node, err = locate.Node(ctx, id); err != nil {
-				// Nobody knows where: a server of its own.
-				node = "unknown " + id
+				// Nobody knows where: together, one after another.
+				node = "unknown"
 			}
 		}
 		byNode[node] = append(byNode[node], id)
@@ -250,6 +259,7 @@ func (q *backlog) settle(ref optimistic.LeaseRef, lost bool) {
 		delete(q.pending, ref.KeyID)
 	}
 	q.counts.Pending--
+	q.answered.Add(1)
 	if lost {
 		q.counts.Lost++
 	} else {

@@ -3,6 +3,7 @@ package broker_test
 import (
 	"context"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -133,6 +134,40 @@ func TestFullPoolFlushesWhatItCan(t *testing.T) {
 	require.NoError(t, err, "the release that went through made room")
 	require.Equal(t, "a", g.KeyID)
 	require.Equal(t, 1, b.Backlog().Pending, "dead's still waits")
+}
+
+// The same when the background retry, not the allocate's own round,
+// took the release back between the store's "full" and the allocate's
+// flush: the allocate asks again.
+func TestFullPoolSeesBackgroundReleases(t *testing.T) {
+	e := newEnv(t, key("a", "default", 1), key("dead", "default", 1))
+	s := &hookStore{Store: e.store}
+	b := e.broker(e.cat, twoServers{s})
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		b.Close(ctx)
+	})
+	g1, g2 := allocate(t, b, req("default")), allocate(t, b, req("default"))
+	s.releaseDown.Store(true)
+	require.Error(t, b.Release(t.Context(), g1.LeaseRef))
+	require.Error(t, b.Release(t.Context(), g2.LeaseRef))
+	dead := "dead"
+	s.downKey.Store(&dead)
+	var once atomic.Bool
+	s.fault = func(optimistic.AllocateRequest) error {
+		if once.Swap(true) {
+			return nil
+		}
+		// The store read the pool full; the background round then takes
+		// a's release back.
+		eventually(t, "a released in the background", func() bool { return b.Backlog().Released == 1 })
+		return &optimistic.CapacityError{}
+	}
+	s.releaseDown.Store(false)
+	g, err := b.Allocate(t.Context(), req("default"))
+	require.NoError(t, err, "asked again")
+	require.Equal(t, "a", g.KeyID)
 }
 
 // Close makes one last attempt; what still fails is left to expire.
