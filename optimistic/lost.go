@@ -69,10 +69,10 @@ func (s *Store) sawRead(keyID string, k keyState) {
 
 // holdLost is hold in a transaction of its own, for a read outside one
 // (Inspect) that found keyID behind seen, and returns the key's hold as
-// it then is (held_until, 0 if none: it was not behind any more), or 0 if
-// holding it failed. It makes one try, and none while a call of this process has the
-// key's turn: a read need not wait or fail for it, as the next read (a
-// grant's at the latest) finds the key behind again.
+// it then is (held_until, 0 if none: it was not behind any more), or 0
+// if holding it failed. It makes one try, and none while a call of this
+// process has the key's turn: a read need not wait or fail for it, as
+// the next read (a grant's at the latest) finds the key behind again.
 func (s *Store) holdLost(ctx context.Context, keyID string, seen int64) int64 {
 	release, err := s.enter(ctx, keyID, false)
 	if err != nil {
