@@ -53,8 +53,8 @@ type backlog struct {
 	// is sent twice and counted twice.
 	turn chan struct{}
 
-	// answered counts the releases the store answered, in rounds of
-	// any caller's (see settled).
+	// answered is counts.Released+Lost, kept apart as an atomic: every
+	// allocate reads it (see settled), and mu is not for the hot path.
 	answered atomic.Int64
 
 	mu      sync.Mutex

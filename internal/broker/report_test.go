@@ -111,10 +111,12 @@ func TestFailedReleasesAreRetried(t *testing.T) {
 	allocate(t, b, req("default"))
 }
 
-// A pool full only because releases wait for the store asks again once
-// some of them went through, though others still wait for a server that
-// does not answer (a Redis Cluster master down).
-func TestFullPoolFlushesWhatItCan(t *testing.T) {
+// stuckPool returns a broker whose pool has keys a and dead, of limit 1,
+// each taken by a lease whose release failed and waits in the backlog;
+// releases on dead keep failing, those on a will not once the test
+// clears releaseDown.
+func stuckPool(t *testing.T) (*hookStore, *broker.Broker) {
+	t.Helper()
 	e := newEnv(t, key("a", "default", 1), key("dead", "default", 1))
 	s := &hookStore{Store: e.store}
 	b := e.broker(e.cat, twoServers{s})
@@ -129,6 +131,14 @@ func TestFullPoolFlushesWhatItCan(t *testing.T) {
 	require.Error(t, b.Release(t.Context(), g2.LeaseRef))
 	dead := "dead"
 	s.downKey.Store(&dead)
+	return s, b
+}
+
+// A pool full only because releases wait for the store asks again once
+// some of them went through, though others still wait for a server that
+// does not answer (a Redis Cluster master down).
+func TestFullPoolFlushesWhatItCan(t *testing.T) {
+	s, b := stuckPool(t)
 	s.releaseDown.Store(false)
 	g, err := b.Allocate(t.Context(), req("default"))
 	require.NoError(t, err, "the release that went through made room")
@@ -140,20 +150,7 @@ func TestFullPoolFlushesWhatItCan(t *testing.T) {
 // took the release back between the store's "full" and the allocate's
 // flush: the allocate asks again.
 func TestFullPoolSeesBackgroundReleases(t *testing.T) {
-	e := newEnv(t, key("a", "default", 1), key("dead", "default", 1))
-	s := &hookStore{Store: e.store}
-	b := e.broker(e.cat, twoServers{s})
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		b.Close(ctx)
-	})
-	g1, g2 := allocate(t, b, req("default")), allocate(t, b, req("default"))
-	s.releaseDown.Store(true)
-	require.Error(t, b.Release(t.Context(), g1.LeaseRef))
-	require.Error(t, b.Release(t.Context(), g2.LeaseRef))
-	dead := "dead"
-	s.downKey.Store(&dead)
+	s, b := stuckPool(t)
 	var once atomic.Bool
 	s.fault = func(optimistic.AllocateRequest) error {
 		if once.Swap(true) {
