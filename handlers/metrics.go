@@ -73,7 +73,7 @@ func NewMetrics() *Metrics {
 		}),
 		unreachable: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "credpool_allocate_unreachable_total",
-			Help: "Candidate keys an allocation skipped because their store server did not answer (a Redis Cluster master that is down).",
+			Help: "Candidate keys an allocation skipped because their store server did not answer or refused the write (a Redis Cluster master that is down, read-only, out of memory or short of replicas).",
 		}),
 		waits: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "credpool_allocate_waits_total",
@@ -221,7 +221,7 @@ func (m *Metrics) watchNodes(nodes func() []optimistic.NodeHealth) {
 	m.reg.MustRegister(&nodeCollector{
 		nodes: nodes,
 		up: prometheus.NewDesc("credpool_store_node_up",
-			"1 if the lease store's server (each master of a Redis Cluster) answered its last check, else 0.", []string{"node"}, nil),
+			"1 if the lease store's server (each master of a Redis Cluster; node=\"\" for a Redis behind Sentinel or the SQLite file) took its last check's write, else 0.", []string{"node"}, nil),
 	})
 }
 

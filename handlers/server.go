@@ -4,6 +4,7 @@
 package handlers
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -70,10 +71,11 @@ type Config struct {
 	// Store names the active lease store in /readyz ("redis", "sqlite").
 	Store string
 	// Nodes, if set, reports the lease store's servers as last checked
-	// (each master of a Redis Cluster): /readyz says "degraded" while
-	// some are down and others answer, and the metrics export each.
+	// (each master of a Redis Cluster; the SQLite file), writes included: /readyz says
+	// "degraded" while some cannot grant and others can, "unavailable"
+	// while none can, and the metrics export each.
 	//
-	// default: nil (a store without servers to report: SQLite)
+	// default: nil (nothing checked)
 	Nodes   func() []optimistic.NodeHealth
 	Metrics *Metrics
 	// RequestTimeout bounds each request's work, store retries included; a
@@ -136,7 +138,16 @@ func New(cfg Config) (http.Handler, error) {
 
 	r.GET("/healthz", func(c *gin.Context) { c.JSON(http.StatusOK, gin.H{"status": "ok"}) })
 	r.GET("/readyz", func(c *gin.Context) {
-		if err := cfg.Admin.Ready(c.Request.Context()); err != nil {
+		err := cfg.Admin.Ready(c.Request.Context())
+		up, down, why := countNodes(cfg.Nodes)
+		if err == nil && up == 0 && down > 0 {
+			// It answers, but no server took the last check's write: no
+			// grant can be made.
+			// why (%v) names the cause, not the answer: a probe that ran out
+			// of its check's time is no timeout of this request.
+			err = fmt.Errorf("%w: no lease store server takes writes: %v", optimistic.ErrStore, why)
+		}
+		if err != nil {
 			// Unauthenticated: say which part is down, not its addresses.
 			cfg.Logger.WarnContext(c.Request.Context(), "not ready", "err", err)
 			_, code := statusFor(err)
@@ -149,7 +160,7 @@ func New(cfg Config) (http.Handler, error) {
 			body["status"] = "degraded"
 			body["store_lost_keys"] = gin.H{"held": l.Held, "until": l.Until.UTC()}
 		}
-		if up, down := countNodes(cfg.Nodes); down > 0 {
+		if down > 0 {
 			// Serving the keys on the servers that answer; the metrics
 			// name the others (this endpoint takes no key).
 			body["status"] = "degraded"
@@ -180,18 +191,19 @@ func New(cfg Config) (http.Handler, error) {
 	return r, nil
 }
 
-// countNodes counts the servers nodes reports answering and not; none
-// without nodes.
-func countNodes(nodes func() []optimistic.NodeHealth) (up, down int) {
+// countNodes counts the servers nodes reports taking writes and not, and
+// says why the first of those not did not; none without nodes.
+func countNodes(nodes func() []optimistic.NodeHealth) (up, down int, why error) {
 	if nodes == nil {
-		return 0, 0
+		return 0, 0, nil
 	}
 	for _, n := range nodes() {
 		if n.Err != nil {
 			down++
+			why = cmp.Or(why, n.Err)
 		} else {
 			up++
 		}
 	}
-	return up, down
+	return up, down, why
 }

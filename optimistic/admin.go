@@ -13,8 +13,8 @@ import (
 
 // SyncKey upserts a key's allocation state into its HASH and its pool
 // membership, moving it out of its old pool if provider or pool changed.
-// On Redis Cluster, a master that does not answer (the key's, or its
-// pool's) makes it fail with ErrUnreachable too, so that a caller syncing
+// On Redis Cluster, a master that does not answer or take the write (the
+// key's, or its pool's) makes it fail with ErrUnreachable too, so that a caller syncing
 // many keys can go on with the others.
 // Leases, the fencing counter, the grant count (a new HASH's starts from
 // the clock), a hold after a loss (see Options.LostHold) and a stored

@@ -40,8 +40,9 @@ import (
 // When it has none, the calls in line of callers that wait for a slot
 // (WithWaiting) take that read as their own.
 //
-// On Redis Cluster, a candidate whose master does not answer, or whose
-// grant too few replicas acknowledged (Options.MinReplicas; the grant is
+// On Redis Cluster, a candidate whose master does not answer or refuses
+// the grant's write (see ErrUnreachable), or whose grant too few replicas
+// acknowledged (Options.MinReplicas; the grant is
 // given back), is skipped and counted in Stats.Unreachable; if no other
 // candidate grants, the call fails with ErrStore and ErrUnreachable
 // rather than ErrNoCapacity. (On other clients every key is on the one
@@ -184,7 +185,7 @@ func (a *allocation) pass(ctx context.Context) error {
 	}
 	if a.down != nil {
 		// The skipped ones may have room: the store failed, no pool is full.
-		return fmt.Errorf("%w: %d of the candidates did not answer or replicate, the others had no free slot: %w",
+		return fmt.Errorf("%w: %d of the candidates did not answer, take the write or replicate it, the others had no free slot: %w",
 			ErrUnreachable, a.stats.Unreachable, a.down)
 	}
 	full := a.full

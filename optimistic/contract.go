@@ -116,8 +116,9 @@ type Stats struct {
 	// never released them.
 	Pruned int
 	// Unreachable counts candidates skipped because the server holding
-	// them did not answer (on Redis Cluster, a master that is down while
-	// the others answer) or, with MinReplicas, too few of its replicas
+	// them did not answer or refused the write (on Redis Cluster, a master
+	// that is down, or read-only, out of memory, short of replicas, while
+	// the others take writes) or, with MinReplicas, too few of its replicas
 	// acknowledged the grant. If none of the others granted, the call
 	// fails with ErrStore, never ErrNoCapacity: the skipped ones may have
 	// room.

@@ -43,11 +43,12 @@ var (
 	ErrLeaseMismatch = fmt.Errorf("%w: it belongs to another key, provider or pool", ErrLeaseLost)
 
 	// ErrUnreachable marks a store failure limited to some keys: the
-	// server holding them did not answer (on Redis Cluster, a master that
-	// is down while the others answer). It comes wrapped in ErrStore; a
-	// caller that can do without those keys (try others, sync the rest)
-	// tells it apart with errors.Is.
-	ErrUnreachable = errors.New("optimistic: a server holding the key did not answer")
+	// server holding them did not answer, or refused writes for now (on
+	// Redis Cluster, a master that is down, or read-only, out of memory,
+	// short of replicas, while the others take writes). It comes wrapped
+	// in ErrStore; a caller that can do without those keys (try others,
+	// sync the rest) tells it apart with errors.Is.
+	ErrUnreachable = errors.New("optimistic: a server holding the key did not answer or took no write")
 
 	// ErrInvalid means the request was rejected before touching the store:
 	// a malformed id, a non-positive ttl, an unknown status.

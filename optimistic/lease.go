@@ -16,8 +16,8 @@ import (
 // match and it has not expired. Otherwise it returns ErrLeaseLost (unknown,
 // released or expired; a wrong key id also looks unknown, since the lease
 // lives under the key) or ErrLeaseMismatch (wrong provider or pool). On
-// Redis Cluster, a master that does not answer makes it fail with
-// ErrUnreachable too, so that a caller releasing on many keys can go on
+// Redis Cluster, a master that does not answer or take the write makes it
+// fail with ErrUnreachable too, so that a caller releasing on many keys can go on
 // with those of the others.
 // Releasing twice is harmless: the second call is ErrLeaseLost. It never
 // touches another lease; a lease that expired but was not pruned yet is

@@ -158,7 +158,8 @@ func rerouted(err error) bool {
 }
 
 // aborted adds to an EXECABORT the refusal of the first queued command
-// that Redis Cluster rerouted, if any, so that the caller sees why the
+// that Redis Cluster rerouted, or that a server taking no writes refused
+// (see refusesWrites), if any, so that the caller sees why the
 // transaction was discarded: EXECABORT alone also follows a malformed
 // command, which no retry mends.
 func aborted(err error, queued []redis.Cmder) error {
@@ -166,7 +167,7 @@ func aborted(err error, queued []redis.Cmder) error {
 		return err
 	}
 	for _, c := range queued {
-		if cause := c.Err(); rerouted(cause) {
+		if cause := c.Err(); rerouted(cause) || refusesWrites(cause) {
 			return fmt.Errorf("%w (queued: %w)", err, cause)
 		}
 	}

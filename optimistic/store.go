@@ -1,12 +1,7 @@
 package optimistic
 
 import (
-	"cmp"
-	"context"
 	"errors"
-	"slices"
-	"strings"
-	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -159,6 +154,8 @@ type Store struct {
 	replicaReads bool
 	// notes is what Allocate learned of keys from its last attempts.
 	notes notes
+	// probes is where Nodes writes on each cluster master.
+	probes probeSlots
 	// releases sends concurrent releases to a server together.
 	releases coalescer
 	// clock is each server's clock as releases read it, and fences the
@@ -198,68 +195,4 @@ func New(rdb redis.UniversalClient, opts *Options) (*Store, error) {
 		announceEvery: announceEvery, heardWithin: heardWithin, turnSlack: turnSlack,
 		policy: retry.Policy{MaxRetries: o.MaxRetries, MinBackoff: o.MinBackoff, MaxBackoff: o.MaxBackoff, MaxElapsed: o.MaxElapsed},
 	}, nil
-}
-
-// Ping checks that Redis answers: on a cluster, at least one master (the
-// keys on the others still grant; Nodes says which are down); on other
-// clients (a Ring, say) what their own Ping reaches.
-func (s *Store) Ping(ctx context.Context) error {
-	c, ok := s.rdb.(*redis.ClusterClient)
-	if !ok {
-		return Classify(ctx, "ping", s.rdb.Ping(ctx).Err())
-	}
-	var first error
-	for _, n := range s.nodes(ctx, c) {
-		if n.Err == nil {
-			return nil
-		}
-		first = cmp.Or(first, n.Err)
-	}
-	if first == nil {
-		first = errors.New("the cluster names no master")
-	}
-	return Classify(ctx, "ping", first)
-}
-
-// NodeHealth is one Redis server of a Store and whether it answered.
-type NodeHealth struct {
-	// Addr is the server's host:port as the client dials it.
-	Addr string
-	// Err is why it did not answer a PING; nil if it did.
-	Err error
-}
-
-// Nodes pings each master of a cluster, in address order, at once; a store
-// on another client has one node, what its Ping reaches (Addr empty for a
-// Ring or a Sentinel-managed client, whose master moves).
-func (s *Store) Nodes(ctx context.Context) []NodeHealth {
-	c, ok := s.rdb.(*redis.ClusterClient)
-	if !ok {
-		addr := ""
-		if o, ok := s.rdb.(*redis.Client); ok {
-			addr = o.Options().Addr
-		}
-		return []NodeHealth{{Addr: addr, Err: s.rdb.Ping(ctx).Err()}}
-	}
-	return s.nodes(ctx, c)
-}
-
-func (s *Store) nodes(ctx context.Context, c *redis.ClusterClient) []NodeHealth {
-	var (
-		mu  sync.Mutex
-		out []NodeHealth
-	)
-	err := c.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
-		err := node.Ping(ctx).Err()
-		mu.Lock()
-		out = append(out, NodeHealth{Addr: node.Options().Addr, Err: err})
-		mu.Unlock()
-		return nil
-	})
-	if err != nil {
-		// The slot map could not be read at all.
-		return []NodeHealth{{Err: err}}
-	}
-	slices.SortFunc(out, func(a, b NodeHealth) int { return strings.Compare(a.Addr, b.Addr) })
-	return out
 }

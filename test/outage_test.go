@@ -37,8 +37,10 @@ func waitFor(t *testing.T, what string, limit time.Duration, cond func() bool) {
 // storeOutage runs the same story on a store that fails and comes back:
 // a held slot's release meets the outage (503, kept for retrying); an
 // allocate on the now-full key is the store's fault (503), never "full"
-// (429); once the store is back the slot returns by itself, in seconds,
-// not at the lease's expiry.
+// (429); /readyz says unavailable, allocates coming or not; once the
+// store is back the slot
+// returns by itself, in seconds, not at the lease's expiry, and /readyz
+// says ok.
 func storeOutage(t *testing.T, s *service, fail, recover func()) {
 	s.putKey(t, "k", "default", 1, nil)
 	code, _, g := s.internal(t, "allocate-key", withField(allocBody("default"), "lease_seconds", 3600))
@@ -54,10 +56,20 @@ func storeOutage(t *testing.T, s *service, fail, recover func()) {
 		require.Equal(t, http.StatusServiceUnavailable, code, "%v", out)
 		require.Equal(t, "store_unavailable", errCode(out))
 	}
+	waitFor(t, "not ready, while allocates keep coming", 10*time.Second, func() bool {
+		code, _, out := s.internal(t, "allocate-key", allocBody("default"))
+		require.Equal(t, http.StatusServiceUnavailable, code, "%v", out)
+		code, _, out = s.call(t, http.MethodGet, "/readyz", "", "", nil)
+		return code == http.StatusServiceUnavailable && out["error"] == "store_unavailable"
+	})
 	recover()
 	waitFor(t, "granted again after the store came back", 20*time.Second, func() bool {
 		code, _, _ := s.internal(t, "allocate-key", allocBody("default"))
 		return code == http.StatusOK
+	})
+	waitFor(t, "ready again", 10*time.Second, func() bool {
+		code, _, out := s.call(t, http.MethodGet, "/readyz", "", "", nil)
+		return code == http.StatusOK && out["status"] == "ok"
 	})
 }
 
@@ -78,7 +90,9 @@ func TestHTTPRedisBlackholeGivesSlotsBack(t *testing.T) {
 // Redis that answers reads but refuses writes (the service's address
 // moved to a read-only replica): the release fails and waits in the
 // backlog, so the limit-1 key looks full. An allocate must blame the store
-// (503), not the callers (429), and the slot returns once writes work.
+// (503), not the callers (429); /readyz, whose ping still passes, says
+// unavailable from the next check's write on; and the slot returns once
+// writes work.
 func TestHTTPRedisRefusingWritesIsNotFull(t *testing.T) {
 	master := redistest.Start(t)
 	replica := redistest.StartReplica(t, master.Addr)
@@ -98,9 +112,55 @@ func TestHTTPRedisRefusingWritesIsNotFull(t *testing.T) {
 	require.NotEqual(t, http.StatusTooManyRequests, code, "full only because the store refuses the release: %v", out)
 	require.Equal(t, http.StatusServiceUnavailable, code, "%v", out)
 	require.Equal(t, "store_unavailable", errCode(out))
+	waitFor(t, "not ready while writes are refused", 10*time.Second, func() bool {
+		code, _, out := s.call(t, http.MethodGet, "/readyz", "", "", nil)
+		return code == http.StatusServiceUnavailable && out["error"] == "store_unavailable"
+	})
+	require.Regexp(t, `lease store node down or refusing writes[^\n]*READONLY`, s.logs.String(), "the log says why")
 
 	s.proxy.SetTarget(master.Addr)
 	waitFor(t, "granted again once writes work", 20*time.Second, func() bool {
+		code, _, _ := s.internal(t, "allocate-key", allocBody("default"))
+		return code == http.StatusOK
+	})
+	waitFor(t, "ready again", 10*time.Second, func() bool {
+		code, _, out := s.call(t, http.MethodGet, "/readyz", "", "", nil)
+		return code == http.StatusOK && out["status"] == "ok"
+	})
+}
+
+// With --redis-min-replicas, a grant counts only once that many replicas
+// have it. Without them every grant is given back (503), so /readyz says
+// unavailable, although Redis answers and takes writes; it is ready again
+// once a replica is back.
+func TestHTTPReadyzWantsTheReplicasGrantsNeed(t *testing.T) {
+	master := redistest.Start(t)
+	replica := redistest.StartReplica(t, master.Addr)
+	s := startService(t, serviceOptions{redis: master, minReplicas: 1})
+	s.putKey(t, "k", "default", 1, nil)
+	ready := func() (int, map[string]any) {
+		code, _, out := s.call(t, http.MethodGet, "/readyz", "", "", nil)
+		return code, out
+	}
+	code, out := ready()
+	require.Equal(t, http.StatusOK, code, "%v", out)
+
+	replica.Stop()
+	waitFor(t, "not ready without the replica", 10*time.Second, func() bool {
+		code, out := ready()
+		return code == http.StatusServiceUnavailable && out["error"] == "store_unavailable"
+	})
+	code, _, out = s.internal(t, "allocate-key", allocBody("default"))
+	require.Equal(t, http.StatusServiceUnavailable, code, "%v", out)
+
+	redistest.StartReplica(t, master.Addr)
+	waitFor(t, "ready with a replica again", 20*time.Second, func() bool {
+		code, _ := ready()
+		return code == http.StatusOK
+	})
+	// A replica just in sync may miss a WAIT or two while the master
+	// waits for its first acknowledgement to stream to it.
+	waitFor(t, "granted again", 10*time.Second, func() bool {
 		code, _, _ := s.internal(t, "allocate-key", allocBody("default"))
 		return code == http.StatusOK
 	})

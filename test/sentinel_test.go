@@ -30,6 +30,9 @@ func TestHTTPSentinelFailover(t *testing.T) {
 	const limit = 60 * time.Second
 	sn := redistest.StartSentinels(t, 2)
 	s := startService(t, serviceOptions{redisURL: sn.URL(), minReplicas: 1, maxLease: 10 * time.Second})
+	up, ok := s.metric(t, `credpool_store_node_up{node=""}`)
+	require.True(t, ok, "the master behind Sentinel moves: it is named by no address")
+	require.Equal(t, 1.0, up, "it took the check's write, acknowledged by a replica")
 	// The probe's own pool: it never takes a slot from the audited callers.
 	s.putKey(t, "probe", "probe", 1, nil)
 	var killed, promoted, resumed time.Time

@@ -65,7 +65,8 @@ func (a *Admin) Put(ctx context.Context, k catalog.Key) (catalog.Key, error) {
 // writes them all in one transaction (on failure none is written); then
 // they are synced to the store as Sync does, with one read of the store
 // and one of the catalog for all of them. Keys the store lost are
-// quarantined; keys on a store server that does not answer are skipped
+// quarantined; keys on a store server that does not answer or take
+// writes are skipped
 // and logged, for a later sync; the others go in one write if the store
 // takes many keys at once (the SQLite store: one transaction). It returns the keys as the catalog
 // stored them. If the store fails, the catalog keeps every key and the

@@ -439,6 +439,41 @@ func TestRepair(t *testing.T) {
 	}
 }
 
+// A stale key whose master takes no writes now is passed over; the
+// repair goes on with the others. If the pool is still full, that is the
+// store's failure (503), not a full pool (429): the key passed over may
+// have room.
+func TestRepairGoesOnPastAnUnreachableKey(t *testing.T) {
+	setup := func(t *testing.T) (*env, *hookStore) {
+		e := newEnv(t)
+		for _, k := range []catalog.Key{key("down", "default", 5), key("up", "default", 1)} {
+			_, err := e.cat.Put(t.Context(), k) // never synced
+			require.NoError(t, err)
+		}
+		s := &hookStore{Store: e.store}
+		down := "down"
+		s.syncDown.Store(&down)
+		return e, s
+	}
+	t.Run("the other grants", func(t *testing.T) {
+		e, s := setup(t)
+		g := allocate(t, e.broker(e.cat, s), req("default"))
+		require.Equal(t, "up", g.KeyID)
+
+		_, err := e.broker(e.cat, s).Allocate(t.Context(), req("default"))
+		require.ErrorIs(t, err, optimistic.ErrUnreachable, "up is full, down could not be repaired")
+		require.NotErrorIs(t, err, optimistic.ErrNoCapacity)
+	})
+	t.Run("the other is taken meanwhile", func(t *testing.T) {
+		e, s := setup(t)
+		s.fault = func(optimistic.AllocateRequest) error { return &optimistic.CapacityError{} }
+		_, err := e.broker(e.cat, s).Allocate(t.Context(), req("default"))
+		require.ErrorIs(t, err, optimistic.ErrUnreachable)
+		require.NotErrorIs(t, err, optimistic.ErrNoCapacity)
+		require.Len(t, s.recorded(), 2, "asked again after up's repair")
+	})
+}
+
 func TestRepairDoesNotOversell(t *testing.T) {
 	t.Run("full", func(t *testing.T) {
 		e := newEnv(t, key("a", "default", 1))

@@ -3,6 +3,7 @@ package broker_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"path/filepath"
 	"slices"
@@ -171,6 +172,9 @@ type hookStore struct {
 	// downKey, while set, makes the Releases of that key alone fail.
 	releaseDown atomic.Bool
 	downKey     atomic.Pointer[string]
+	// syncDown, while set, makes the SyncKeys of that key fail as a
+	// cluster master refusing writes would.
+	syncDown atomic.Pointer[string]
 	// hung, once set (see hang), makes Release block.
 	hung atomic.Pointer[hung]
 	// afterHolds, if set, runs after each Holds.
@@ -227,6 +231,13 @@ func (s *hookStore) Inspect(ctx context.Context, ids ...string) ([]optimistic.Ke
 		s.afterInspect(infos)
 	}
 	return infos, err
+}
+
+func (s *hookStore) SyncKey(ctx context.Context, k optimistic.KeyState) error {
+	if d := s.syncDown.Load(); d != nil && *d == k.ID {
+		return fmt.Errorf("%w: %w: sync: NOREPLICAS", optimistic.ErrStore, optimistic.ErrUnreachable)
+	}
+	return s.Store.SyncKey(ctx, k)
 }
 
 func (s *hookStore) Release(ctx context.Context, ref optimistic.LeaseRef) error {

@@ -264,7 +264,7 @@ func (s syncer[C]) syncAll(ctx context.Context, keys []catalog.Key, infos []opti
 		if len(synced) == 0 {
 			return 0, down
 		}
-		s.log.WarnContext(ctx, "keys not synced: the lease store server holding them does not answer", "key_ids", skipped)
+		s.log.WarnContext(ctx, "keys not synced: the lease store server holding them does not answer or take writes", "key_ids", skipped)
 	}
 	if err := s.settleAll(ctx, synced); err != nil {
 		return len(synced), err

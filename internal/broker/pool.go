@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -99,6 +100,9 @@ func (p *poolRun) allocate(ctx context.Context, cands []catalog.Key) error {
 		return err
 	}
 	retried := false
+	// skipped is why repair passed over keys that may have room: their
+	// server refused it. With it, "full" is the store's failure.
+	var skipped error
 	for len(order) > 0 {
 		settled := p.backlog.settled()
 		lease, st, err := p.store.Allocate(ctx, optimistic.AllocateRequest{
@@ -120,10 +124,11 @@ func (p *poolRun) allocate(ctx context.Context, cands []catalog.Key) error {
 		// answers.
 		if full && !retried {
 			retried = true
-			n, rerr := p.repair(ctx, cands, infos)
+			n, unfixed, rerr := p.repair(ctx, cands, infos)
 			if rerr != nil {
 				return rerr
 			}
+			skipped = unfixed
 			// Full perhaps only because releases waited for the store: if
 			// it took some since it was asked, in this round or the
 			// background's, ask again.
@@ -135,6 +140,9 @@ func (p *poolRun) allocate(ctx context.Context, cands []catalog.Key) error {
 			}
 		}
 		if err != nil {
+			if skipped != nil && errors.Is(err, optimistic.ErrNoCapacity) {
+				return skipped
+			}
 			return err
 		}
 		ok, err := p.confirm(ctx, lease)
@@ -142,6 +150,9 @@ func (p *poolRun) allocate(ctx context.Context, cands []catalog.Key) error {
 			return err
 		}
 		order = slices.DeleteFunc(order, func(id string) bool { return id == lease.KeyID })
+	}
+	if skipped != nil {
+		return skipped
 	}
 	return &optimistic.CapacityError{}
 }
@@ -295,15 +306,16 @@ func later(a, b time.Time) time.Time {
 }
 
 // repair syncs into the store every candidate whose store state differs
-// from the catalog's, and returns how many it synced and may now grant;
-// none means the pool is really full. ranked is rank's read of the store:
+// from the catalog's, and returns how many it synced and may now grant
+// (none means the pool is really full), and why it passed over any whose
+// server did not answer or take the write (then the pool may not be). ranked is rank's read of the store:
 // it serves if it covers every candidate and says none could grant;
 // otherwise (the store has just denied a grant it promised, so changed
 // since) the store is read again. Each key
 // that differs is read again from the catalog (the request's snapshot may
 // be older than an admin's latest sync) and then from the store, in that
 // order, as syncer.sync needs; one the store lost is quarantined instead.
-func (p *poolRun) repair(ctx context.Context, cands []catalog.Key, ranked map[string]optimistic.KeyInfo) (int, error) {
+func (p *poolRun) repair(ctx context.Context, cands []catalog.Key, ranked map[string]optimistic.KeyInfo) (int, error, error) {
 	infos := make([]optimistic.KeyInfo, len(cands))
 	for i, k := range cands {
 		infos[i] = ranked[k.ID]
@@ -311,7 +323,7 @@ func (p *poolRun) repair(ctx context.Context, cands []catalog.Key, ranked map[st
 	if len(ranked) < len(cands) || grantable(infos, time.Now()) {
 		var err error
 		if infos, err = p.store.Inspect(ctx, ids(cands)...); err != nil {
-			return 0, err
+			return 0, nil, err
 		}
 	}
 	var stale []catalog.Key
@@ -325,25 +337,31 @@ func (p *poolRun) repair(ctx context.Context, cands []catalog.Key, ranked map[st
 			continue
 		}
 		if err != nil {
-			return 0, catalogErr(ctx, "repair", err)
+			return 0, nil, catalogErr(ctx, "repair", err)
 		}
 		stale = append(stale, fresh)
 	}
 	if len(stale) == 0 {
-		return 0, nil
+		return 0, nil, nil
 	}
 	infos, err := p.store.Inspect(ctx, ids(stale)...)
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	n := 0
+	var skipped error
 	for i, k := range stale {
 		synced, lost, err := p.sync(ctx, k, infos[i])
-		if errors.Is(err, catalog.ErrNotFound) {
+		switch {
+		case errors.Is(err, catalog.ErrNotFound):
 			continue
-		}
-		if err != nil {
-			return n, err
+		case errors.Is(err, optimistic.ErrUnreachable):
+			// Its master does not answer or take writes now: the
+			// others may still grant.
+			skipped = cmp.Or(skipped, err)
+			continue
+		case err != nil:
+			return n, skipped, err
 		}
 		if lost {
 			// Held back: frees up by itself once its quarantine ends.
@@ -355,7 +373,7 @@ func (p *poolRun) repair(ctx context.Context, cands []catalog.Key, ranked map[st
 	if n > 0 {
 		p.log.InfoContext(ctx, "lease store repaired from the catalog", "provider", p.req.Provider, "pool", p.pool, "keys", n)
 	}
-	return n, nil
+	return n, skipped, nil
 }
 
 // grantable reports whether, by infos, some key could grant at now. FreeAt

@@ -92,6 +92,11 @@ func (s Schema) RequestByLease(leaseID string) string {
 	return s.Prefix + ":req-lease:{" + leaseID + "}"
 }
 
+// Probe is the short-lived string that shows a server takes writes (see
+// optimistic.Store.Nodes); on a cluster, tag puts it on a slot of the
+// server's.
+func (s Schema) Probe(tag string) string { return s.Prefix + ":probe:{" + tag + "}" }
+
 // Field names of the key HASH and the lease record HASH. The Lua scripts
 // of bench/baseline spell the same names.
 const (

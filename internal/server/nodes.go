@@ -9,14 +9,15 @@ import (
 	"github.com/credpool/credpool/optimistic"
 )
 
-// nodeTimeout bounds one round of pings.
+// nodeTimeout bounds one round of checks.
 const nodeTimeout = time.Second
 
-// nodeWatch pings the Redis store's servers (each master of a cluster)
-// every so often, keeps the last answer for /readyz and the metrics, and
-// logs a node going down, and coming back, once each.
+// nodeWatch checks that the lease store's servers (each master of a Redis
+// Cluster; the SQLite file) take writes every so often, keeps the last
+// answer for /readyz and the metrics, and logs a node going down, and
+// coming back, once each.
 type nodeWatch struct {
-	store *optimistic.Store
+	store nodeChecker
 	log   *slog.Logger
 
 	mu   sync.Mutex
@@ -26,9 +27,15 @@ type nodeWatch struct {
 	once        sync.Once
 }
 
+// nodeChecker is a lease store that checks its servers with a write:
+// optimistic.Store, sqlitestore.Store.
+type nodeChecker interface {
+	Nodes(ctx context.Context) []optimistic.NodeHealth
+}
+
 // watchNodes checks the nodes once, then every every (DefaultClusterRefresh
 // if not positive) until stop.
-func watchNodes(s *optimistic.Store, every time.Duration, log *slog.Logger) *nodeWatch {
+func watchNodes(s nodeChecker, every time.Duration, log *slog.Logger) *nodeWatch {
 	if every <= 0 {
 		every = DefaultClusterRefresh
 	}
@@ -66,9 +73,9 @@ func (w *nodeWatch) check() {
 	for _, n := range nodes {
 		switch {
 		case n.Err != nil && !wasDown[n.Addr]:
-			w.log.Warn("lease store node down: keys on it are skipped until it answers", "node", n.Addr, "err", n.Err)
+			w.log.Warn("lease store node down or refusing writes: no grant on its keys until it takes writes", "node", n.Addr, "err", n.Err)
 		case n.Err == nil && wasDown[n.Addr]:
-			w.log.Info("lease store node answers again", "node", n.Addr)
+			w.log.Info("lease store node takes writes again", "node", n.Addr)
 		}
 	}
 	w.last = nodes

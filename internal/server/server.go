@@ -50,8 +50,9 @@ type Config struct {
 	// map; it also reloads it as soon as a node stops answering (see
 	// KeepTopology). After a failover, a master's keys grant again within
 	// about this long of its replica's promotion. It is also how often
-	// the Redis servers are pinged for /readyz and the metrics (and a
-	// node going down or coming back is logged), cluster or not.
+	// the Redis servers are checked, with a write each, for /readyz and
+	// the metrics (and a node going down or coming back is logged),
+	// cluster or not; the SQLite store is checked every second.
 	//
 	// default: DefaultClusterRefresh (1s)
 	RedisClusterRefresh time.Duration

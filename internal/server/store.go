@@ -49,7 +49,7 @@ type leaseStore struct {
 	id       string
 	leases   optimistic.LeaseStore
 	requests broker.RequestLog
-	// nodes is the last check of the Redis servers (nil for SQLite).
+	// nodes is the last check of the store's servers (see nodeWatch).
 	nodes func() []optimistic.NodeHealth
 	close func()
 }
@@ -67,7 +67,9 @@ func openStore(ctx context.Context, cfg Config) (leaseStore, error) {
 			_ = s.Close()
 			return leaseStore{}, err
 		}
-		return leaseStore{name: "sqlite", id: "sqlite", leases: s, requests: requests, close: func() { _ = s.Close() }}, nil
+		w := watchNodes(s, 0, cfg.Logger) // every DefaultClusterRefresh
+		return leaseStore{name: "sqlite", id: "sqlite", leases: s, requests: requests, nodes: w.Nodes,
+			close: func() { w.stop(); _ = s.Close() }}, nil
 	}
 	rdb, id, err := redisClient(cfg.RedisURL, cfg.RedisCluster)
 	if err != nil {

@@ -2,6 +2,8 @@ package sqlitestore_test
 
 import (
 	"context"
+	"database/sql"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"testing"
@@ -97,4 +99,47 @@ func TestCallsAfterCloseFail(t *testing.T) {
 	require.ErrorIs(t, s.Ping(ctx), optimistic.ErrStore)
 	_, err = s.Await(ctx, []string{"k"})
 	require.ErrorIs(t, err, optimistic.ErrStore)
+}
+
+// Nodes shows the file takes writes by writing its probe row, unless a
+// grant, release or renewal of the store committed lately: under load a
+// probe would queue behind every grant for the write lock. A commit that
+// changed nothing (a sync, an allocate that found no slot) shows nothing:
+// it would hide a full disk.
+func TestNodesWriteUnlessAWriteJustCommitted(t *testing.T) {
+	s, db := newStore(t)
+	ctx := t.Context()
+	probes := func() int64 {
+		var at int64
+		err := db.QueryRowContext(ctx, `SELECT at FROM lease_probe`).Scan(&at)
+		if errors.Is(err, sql.ErrNoRows) {
+			return 0
+		}
+		require.NoError(t, err)
+		return at
+	}
+	sqlitestore.SetProven(s, time.Hour)
+	require.NoError(t, s.SyncKey(ctx, state("k", 1)))
+	req := optimistic.AllocateRequest{Provider: "openai", Pool: "default", Candidates: []string{"k"}, TTL: time.Minute}
+	_, _, err := s.Allocate(ctx, req)
+	require.NoError(t, err)
+	_, err = db.ExecContext(ctx, `DELETE FROM lease_probe`)
+	require.NoError(t, err)
+	require.Equal(t, []optimistic.NodeHealth{{}}, s.Nodes(ctx))
+	require.Zero(t, probes(), "the grant's commit showed it")
+
+	fresh, db := newStore(t)
+	sqlitestore.SetProven(fresh, time.Hour)
+	require.NoError(t, fresh.SyncKey(ctx, state("k", 1)))
+	other, err := sqlitestore.New(ctx, db, nil) // another process's
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = other.Close() })
+	_, _, err = other.Allocate(ctx, req)
+	require.NoError(t, err)
+	_, err = db.ExecContext(ctx, `DELETE FROM lease_probe`)
+	require.NoError(t, err)
+	_, _, err = fresh.Allocate(ctx, req)
+	require.ErrorIs(t, err, optimistic.ErrNoCapacity)
+	require.Equal(t, []optimistic.NodeHealth{{}}, fresh.Nodes(ctx))
+	require.NotZero(t, probes(), "neither the sync nor the full allocate showed it: the probe wrote")
 }

@@ -50,6 +50,7 @@ func (s *Store) allocate(ctx context.Context, req optimistic.AllocateRequest) (o
 	case c.lease.KeyID == "":
 		return optimistic.Lease{}, st, &c.full
 	}
+	s.changed()
 	return c.lease, st, nil
 }
 

@@ -27,6 +27,7 @@ func (s *Store) Release(ctx context.Context, ref optimistic.LeaseRef) error {
 		return err
 	})
 	if err == nil {
+		s.changed()
 		s.queue.Wake(ref.KeyID)
 	}
 	return sqlitex.Classify(ctx, "release", err)
@@ -72,6 +73,7 @@ func (s *Store) Renew(ctx context.Context, ref optimistic.LeaseRef, ttl time.Dur
 	if err != nil {
 		return time.Time{}, sqlitex.Classify(ctx, "renew", err)
 	}
+	s.changed()
 	return fromMillis(until), nil
 }
 

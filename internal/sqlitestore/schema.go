@@ -48,4 +48,12 @@ CREATE TABLE IF NOT EXISTS lease_requests (
 	// The request log moved to its own table (internal/requestlog); what
 	// was in flight here only lived for a lease's length anyway.
 	{`DROP TABLE IF EXISTS lease_requests`},
+	// lease_probe is the one row that Nodes rewrites to show the file
+	// takes writes (a full disk, a read-only file do not).
+	{`
+CREATE TABLE IF NOT EXISTS lease_probe (
+	id INTEGER PRIMARY KEY CHECK (id = 1),
+	at INTEGER NOT NULL
+);
+`},
 }}

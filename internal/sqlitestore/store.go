@@ -35,7 +35,19 @@ type Store struct {
 	stmts  statements
 	queue  optimistic.Queue
 	closed atomic.Bool
+	// born is when New made the Store, and wrote the time since it (plus
+	// 1ns; 0 for never) when a grant, release or renewal last committed:
+	// each changes a row, which shows the file took a write (see Nodes).
+	born  time.Time
+	wrote atomic.Int64
+	// proven is how long such a commit spares Nodes its own write;
+	// tests change it.
+	proven time.Duration
 }
+
+// provenFor is how long a commit spares Nodes its own write: under load,
+// a probe would queue behind every grant for the write lock.
+const provenFor = time.Second
 
 // New returns a Store over db, which must use the modernc.org/sqlite driver
 // (open it with sqlitex.Open, or add _txlock=immediate to its DSN and
@@ -49,7 +61,7 @@ func New(ctx context.Context, db *sqlitex.DB, opts *Options) (*Store, error) {
 	if db == nil {
 		return nil, errors.New("sqlitestore: nil database")
 	}
-	s := &Store{db: db}
+	s := &Store{db: db, born: time.Now(), proven: provenFor}
 	if opts != nil {
 		s.policy = opts.Busy
 	}
@@ -92,6 +104,22 @@ func (s *Store) Await(_ context.Context, keyIDs []string) (*optimistic.Place, er
 // Waiting is the number of callers of this Store waiting for a slot.
 func (s *Store) Waiting() int { return s.queue.Len() }
 
+// Nodes checks that the file takes a write, as a grant does: it rewrites
+// the one row of lease_probe in a write transaction, unless a grant,
+// release or renewal of this Store committed within the last second. The
+// store's one "server" is the file, reported with an empty Addr.
+func (s *Store) Nodes(ctx context.Context) []optimistic.NodeHealth {
+	if w := s.wrote.Load(); w != 0 && time.Since(s.born)-time.Duration(w) < s.proven {
+		return []optimistic.NodeHealth{{}}
+	}
+	_, err := s.do(ctx, false, func(tx *sql.Tx, now int64) error {
+		_, err := tx.ExecContext(ctx, `INSERT INTO lease_probe (id, at) VALUES (1, ?)
+			ON CONFLICT (id) DO UPDATE SET at = excluded.at`, now)
+		return err
+	})
+	return []optimistic.NodeHealth{{Err: sqlitex.Classify(ctx, "probe", err)}}
+}
+
 // Ping checks that the file answers and holds the store's tables.
 func (s *Store) Ping(ctx context.Context) error {
 	if s.closed.Load() {
@@ -128,6 +156,10 @@ func (s *Store) do(ctx context.Context, readOnly bool, fn sqlitex.TxFunc) (optim
 	err := run(ctx, p, fn)
 	return st, err
 }
+
+// changed notes that a transaction that changed a row just committed. A
+// commit that changed nothing shows nothing: SQLite writes no page for it.
+func (s *Store) changed() { s.wrote.Store(int64(time.Since(s.born)) + 1) }
 
 // fromMillis converts ms since the epoch; 0 stays the zero Time.
 func fromMillis(ms int64) time.Time {
