@@ -85,6 +85,32 @@ func TestLossIsHeldBack(t *testing.T) {
 	}
 }
 
+// A read that finds a loss but cannot hold the key back (the server
+// refuses writes for the moment) still answers, without a hold; the key
+// stays behind for this process, so its next grant holds it.
+func TestFailedHoldIsMadeAtTheNextRead(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := t.Context()
+	s := lostStore(t, srv.Addr)
+	require.NoError(t, s.SyncKey(ctx, KeyState{ID: "k", Provider: "openai", Pool: "default", Status: StatusAvailable, MaxConcurrentUses: 2}))
+	require.NoError(t, srv.Client(t).Save(ctx).Err())
+	for range 2 {
+		_, _, err := s.Allocate(ctx, lostReq())
+		require.NoError(t, err)
+	}
+	srv = srv.Restart(t)
+	admin := srv.Client(t)
+	require.NoError(t, admin.ConfigSet(ctx, "min-replicas-to-write", "1").Err())
+	infos, err := s.Inspect(ctx, "k")
+	require.NoError(t, err, "a read need not fail for the hold")
+	require.Zero(t, infos[0].HeldUntil, "not held: the write was refused")
+	require.Zero(t, infos[0].Live)
+
+	require.NoError(t, admin.ConfigSet(ctx, "min-replicas-to-write", "0").Err())
+	_, _, err = s.Allocate(ctx, lostReq())
+	requireHeld(t, err)
+}
+
 // A process that saw none of the lost grants grants first after the
 // restart: the key's grant count goes up by one, still below the count
 // the process that made the lost grants saw, which finds the key behind

@@ -45,6 +45,7 @@ type service struct {
 	proxy *redistest.Proxy  // between the service and Redis, if proxied
 	cat   *catalog.SQL
 	adm   *broker.Admin
+	app   *server.Server
 	logs  *syncBuffer
 }
 
@@ -162,7 +163,7 @@ func startService(t *testing.T, o serviceOptions) *service {
 	app, err := server.New(t.Context(), cfg)
 	require.NoError(t, err)
 	t.Cleanup(func() { app.Close(context.Background()) })
-	s.cat, s.adm = app.Catalog, app.Admin
+	s.cat, s.adm, s.app = app.Catalog, app.Admin, app
 	srv := httptest.NewServer(app.Handler)
 	t.Cleanup(srv.Close)
 	s.url = srv.URL

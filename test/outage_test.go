@@ -1,7 +1,9 @@
 package test
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"net/http"
 	"os"
@@ -18,6 +20,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/credpool/credpool/internal/redisschema"
+	"github.com/credpool/credpool/internal/sqlitex"
+	"github.com/credpool/credpool/optimistic"
 	"github.com/credpool/credpool/test/redistest"
 )
 
@@ -576,4 +580,66 @@ func leasesKey(keyID string) string {
 // call it reports errors instead of failing t, so goroutines may use it.
 func (s *service) post(path, key string, body any) (int, map[string]any, error) {
 	return post(http.DefaultClient, s.url+path, key, body)
+}
+
+// closing marks the ctx of the service's Close (see releasesAtClose).
+type closing struct{}
+
+// releasesAtClose is a lease store whose releases fail as an outage
+// would, except those made under Close's ctx: only Close's last round can
+// take a release back, never the background's.
+type releasesAtClose struct {
+	optimistic.LeaseStore
+	released atomic.Int32
+}
+
+func (s *releasesAtClose) Release(ctx context.Context, ref optimistic.LeaseRef) error {
+	if ctx.Value(closing{}) == nil || ctx.Err() != nil {
+		return fmt.Errorf("%w: the test's outage", optimistic.ErrStore)
+	}
+	err := s.LeaseStore.Release(ctx, ref)
+	if err == nil {
+		s.released.Add(1)
+	}
+	return err
+}
+
+// At shutdown the catalog's last write and the release backlog's last
+// round run at once: a catalog that cannot be written (its file locked by
+// another process here; a frozen database alike) and so takes the whole
+// of Close's time does not cost a release waiting for the store its last
+// try.
+func TestCloseReleasesWhileTheCatalogHangs(t *testing.T) {
+	store := &releasesAtClose{}
+	s := startService(t, serviceOptions{wrap: func(l optimistic.LeaseStore) optimistic.LeaseStore {
+		store.LeaseStore = l
+		return store
+	}})
+	s.putKey(t, "k", "default", 2, nil)
+	code, _, g := s.internal(t, "allocate-key", allocBody("default"))
+	require.Equal(t, http.StatusOK, code, "%v", g)
+	code, _, out := s.internal(t, "release", leaseBody(g))
+	require.Equal(t, http.StatusServiceUnavailable, code, "%v", out)
+
+	other, err := sqlitex.Open(filepath.Join(s.dir, "credpool.db"))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = other.Close() })
+	lock, err := other.Conn(t.Context())
+	require.NoError(t, err)
+	_, err = lock.ExecContext(t.Context(), "BEGIN IMMEDIATE")
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, _ = lock.ExecContext(context.Background(), "ROLLBACK")
+		_ = lock.Close()
+	})
+	code, _, out = s.internal(t, "allocate-key", allocBody("default"))
+	require.Equal(t, http.StatusOK, code, "a grant writes no catalog row at once: %v", out)
+
+	// Shorter than SQLite's busy wait: the catalog's write takes all of it.
+	ctx, cancel := context.WithTimeout(context.WithValue(context.Background(), closing{}, true),
+		sqlitex.BusyTimeoutMillis*time.Millisecond*7/10)
+	defer cancel()
+	s.app.Close(ctx)
+	require.Contains(t, s.logs.String(), "uses of the last moments not written", "the catalog took all of Close's time")
+	require.Equal(t, int32(1), store.released.Load(), "the release waiting for the store was made at Close")
 }

@@ -134,6 +134,38 @@ func TestBacklogGoesServerByServer(t *testing.T) {
 	require.Equal(t, int32(len(keys)+1), s.calls.Load(), "one try on the dead server")
 }
 
+// unmappedStore is a cluster whose client cannot say where the keys
+// named lost… are (no slot map, say).
+type unmappedStore struct{ clusterStore }
+
+func (s unmappedStore) Node(ctx context.Context, keyID string) (string, error) {
+	if strings.HasPrefix(keyID, "lost") {
+		return "", fmt.Errorf("%w: no slot map", optimistic.ErrStore)
+	}
+	return s.clusterStore.Node(ctx, keyID)
+}
+
+// Keys whose server nobody can name are still retried: in one line, as
+// if on one server, while the known servers go on.
+func TestBacklogRetriesKeysOfNoKnownServer(t *testing.T) {
+	var down atomic.Bool
+	down.Store(true)
+	s := &scriptedStore{fail: func(ref optimistic.LeaseRef) error {
+		if strings.HasPrefix(ref.KeyID, "lost") && down.Load() {
+			return fmt.Errorf("%w: injected timeout", optimistic.ErrStore)
+		}
+		return nil
+	}}
+	q := backlogOf(t, unmappedStore{clusterStore{s}}, "k1", "k2", "lost0", "lost1", "lost2")
+	require.Equal(t, 2, q.round(t.Context()), "the known server goes on")
+	require.Equal(t, int32(3), s.calls.Load(), "one try for the line of unknown ones")
+	require.Equal(t, 3, q.stuck("lost0", "lost1", "lost2"))
+
+	down.Store(false)
+	require.Equal(t, 3, q.round(t.Context()), "they are retried")
+	require.Zero(t, q.stuck("lost0", "lost1", "lost2"))
+}
+
 // A store on one server (standalone Redis, SQLite) ends the round at its
 // first failure: no more are sent to it.
 func TestBacklogStopsWhenTheStoreIsDown(t *testing.T) {

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/credpool/credpool/handlers"
@@ -206,16 +207,22 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	return &Server{Handler: h, Catalog: cat, Admin: admin, StoreName: st.name, broker: brk, cache: cache, log: cfg.Logger, closeStore: st.close}, nil
 }
 
-// Close writes the uses the catalog cache holds (counters and last use),
-// gives the releases that met a store failure one last try under ctx,
-// then closes the lease store's client. Releases still failing are left
-// to expire (see Backlog); uses that cannot be written are logged as lost.
+// Close writes the uses the catalog cache holds (counters and last use)
+// and, at the same time, gives the releases that met a store failure one
+// last try, both under ctx; then it closes the lease store's client.
+// Releases still failing are left to expire (see Backlog); uses that
+// cannot be written are logged as lost.
 func (s *Server) Close(ctx context.Context) {
-	// The catalog first: a silent Redis may take the broker's whole time.
-	if err := s.cache.Close(ctx); err != nil {
-		s.log.Warn("catalog: uses of the last moments not written", "err", err)
-	}
-	s.broker.Close(ctx)
+	// At once: a catalog that hangs, or a silent Redis, may take the whole
+	// of ctx, and neither needs the other.
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		if err := s.cache.Close(ctx); err != nil {
+			s.log.Warn("catalog: uses of the last moments not written", "err", err)
+		}
+	})
+	wg.Go(func() { s.broker.Close(ctx) })
+	wg.Wait()
 	s.closeStore()
 }
 
