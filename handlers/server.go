@@ -70,10 +70,10 @@ type Config struct {
 	AdminKey    string
 	// Store names the active lease store in /readyz ("redis", "sqlite").
 	Store string
-	// Nodes, if set, reports the lease store's servers as last checked
-	// (each master of a Redis Cluster; the SQLite file), writes included: /readyz says
-	// "degraded" while some cannot grant and others can, "unavailable"
-	// while none can, and the metrics export each.
+	// Nodes, if set, reports the lease store's servers as last checked,
+	// writes included (each master of a Redis Cluster; the SQLite file):
+	// /readyz says "degraded" while some cannot grant and others can,
+	// "unavailable" while none can, and the metrics export each.
 	//
 	// default: nil (nothing checked)
 	Nodes   func() []optimistic.NodeHealth
@@ -142,9 +142,9 @@ func New(cfg Config) (http.Handler, error) {
 		up, down, why := countNodes(cfg.Nodes)
 		if err == nil && up == 0 && down > 0 {
 			// It answers, but no server took the last check's write: no
-			// grant can be made.
-			// why (%v) names the cause, not the answer: a probe that ran out
-			// of its check's time is no timeout of this request.
+			// grant can be made. why (%v) names the cause, not the answer:
+			// a probe that ran out of its check's time is no timeout of
+			// this request.
 			err = fmt.Errorf("%w: no lease store server takes writes: %v", optimistic.ErrStore, why)
 		}
 		if err != nil {

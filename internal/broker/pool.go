@@ -308,13 +308,14 @@ func later(a, b time.Time) time.Time {
 // repair syncs into the store every candidate whose store state differs
 // from the catalog's, and returns how many it synced and may now grant
 // (none means the pool is really full), and why it passed over any whose
-// server did not answer or take the write (then the pool may not be). ranked is rank's read of the store:
-// it serves if it covers every candidate and says none could grant;
-// otherwise (the store has just denied a grant it promised, so changed
-// since) the store is read again. Each key
-// that differs is read again from the catalog (the request's snapshot may
-// be older than an admin's latest sync) and then from the store, in that
-// order, as syncer.sync needs; one the store lost is quarantined instead.
+// server did not answer or take the write (then the pool may not be).
+// ranked is rank's read of the store: it serves if it covers every
+// candidate and says none could grant; otherwise (the store has just
+// denied a grant it promised, so changed since) the store is read again.
+// Each key that differs is read again from the catalog (the request's
+// snapshot may be older than an admin's latest sync) and then from the
+// store, in that order, as syncer.sync needs; one the store lost is
+// quarantined instead.
 func (p *poolRun) repair(ctx context.Context, cands []catalog.Key, ranked map[string]optimistic.KeyInfo) (int, error, error) {
 	infos := make([]optimistic.KeyInfo, len(cands))
 	for i, k := range cands {
