@@ -87,7 +87,7 @@ func TestLossIsHeldBack(t *testing.T) {
 
 // A read that finds a loss but cannot hold the key back (the server
 // refuses writes for the moment) still answers, without a hold; the key
-// stays behind for this process, so its next grant holds it.
+// stays behind for this process, so its next read holds it.
 func TestFailedHoldIsMadeAtTheNextRead(t *testing.T) {
 	srv := redistest.Start(t)
 	ctx := t.Context()
@@ -105,8 +105,14 @@ func TestFailedHoldIsMadeAtTheNextRead(t *testing.T) {
 	require.NoError(t, err, "a read need not fail for the hold")
 	require.Zero(t, infos[0].HeldUntil, "not held: the write was refused")
 	require.Zero(t, infos[0].Live)
+	stats, err := admin.Info(ctx, "errorstats").Result()
+	require.NoError(t, err)
+	require.Contains(t, stats, "errorstat_NOREPLICAS", "the hold was tried, and refused")
 
 	require.NoError(t, admin.ConfigSet(ctx, "min-replicas-to-write", "0").Err())
+	infos, err = s.Inspect(ctx, "k")
+	require.NoError(t, err)
+	require.WithinDuration(t, time.Now().Add(lostHold), infos[0].HeldUntil, 2*time.Second, "held by the next read")
 	_, _, err = s.Allocate(ctx, lostReq())
 	requireHeld(t, err)
 }

@@ -606,9 +606,9 @@ func (s *releasesAtClose) Release(ctx context.Context, ref optimistic.LeaseRef) 
 
 // At shutdown the catalog's last write and the release backlog's last
 // round run at once: a catalog that cannot be written (its file locked by
-// another process here; a frozen database alike) and so takes the whole
-// of Close's time does not cost a release waiting for the store its last
-// try.
+// another connection here, as another process would; a frozen database
+// alike) and so takes the whole of Close's time does not cost a release
+// waiting for the (Redis) store its last try.
 func TestCloseReleasesWhileTheCatalogHangs(t *testing.T) {
 	store := &releasesAtClose{}
 	s := startService(t, serviceOptions{wrap: func(l optimistic.LeaseStore) optimistic.LeaseStore {
@@ -635,7 +635,8 @@ func TestCloseReleasesWhileTheCatalogHangs(t *testing.T) {
 	code, _, out = s.internal(t, "allocate-key", allocBody("default"))
 	require.Equal(t, http.StatusOK, code, "a grant writes no catalog row at once: %v", out)
 
-	// Shorter than SQLite's busy wait: the catalog's write takes all of it.
+	// Shorter than the catalog write's busy waits and retries, which take
+	// all of it; 70% of one busy wait keeps the test short.
 	ctx, cancel := context.WithTimeout(context.WithValue(context.Background(), closing{}, true),
 		sqlitex.BusyTimeoutMillis*time.Millisecond*7/10)
 	defer cancel()

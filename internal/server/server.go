@@ -105,7 +105,8 @@ type Config struct {
 }
 
 // Server is the assembled service. Its methods are safe for concurrent
-// use; Close it once, when its Handler serves no more.
+// use; Close it when its Handler serves no more (calls after the first do
+// nothing).
 type Server struct {
 	// Handler serves the HTTP API.
 	Handler http.Handler
@@ -119,6 +120,7 @@ type Server struct {
 	cache      *catalog.Cache
 	log        *slog.Logger
 	closeStore func()
+	closeOnce  sync.Once
 }
 
 // New opens the catalog in cfg.DB or cfg.Postgres, seals with the current
@@ -213,17 +215,20 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 // Releases still failing are left to expire (see Backlog); uses that
 // cannot be written are logged as lost.
 func (s *Server) Close(ctx context.Context) {
-	// At once: a catalog that hangs, or a silent Redis, may take the whole
-	// of ctx, and neither needs the other.
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		if err := s.cache.Close(ctx); err != nil {
-			s.log.Warn("catalog: uses of the last moments not written", "err", err)
-		}
+	s.closeOnce.Do(func() {
+		// At once: a catalog that hangs, or a silent Redis, may take the
+		// whole of ctx, and neither needs the other (on a Redis store; the
+		// SQLite store shares the catalog's file and its write lock).
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			if err := s.cache.Close(ctx); err != nil {
+				s.log.Warn("catalog: uses of the last moments not written", "err", err)
+			}
+		})
+		wg.Go(func() { s.broker.Close(ctx) })
+		wg.Wait()
+		s.closeStore()
 	})
-	wg.Go(func() { s.broker.Close(ctx) })
-	wg.Wait()
-	s.closeStore()
 }
 
 // Backlog reports the releases that met a store failure and wait for it.
