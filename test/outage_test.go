@@ -42,9 +42,8 @@ func waitFor(t *testing.T, what string, limit time.Duration, cond func() bool) {
 // a held slot's release meets the outage (503, kept for retrying); an
 // allocate on the now-full key is the store's fault (503), never "full"
 // (429); /readyz says unavailable, allocates coming or not; once the
-// store is back the slot
-// returns by itself, in seconds, not at the lease's expiry, and /readyz
-// says ok.
+// store is back the slot returns by itself, in seconds, not at the
+// lease's expiry, and /readyz says ok.
 func storeOutage(t *testing.T, s *service, fail, recover func()) {
 	s.putKey(t, "k", "default", 1, nil)
 	code, _, g := s.internal(t, "allocate-key", withField(allocBody("default"), "lease_seconds", 3600))
