@@ -128,8 +128,8 @@ func (f *fences) last(keyID string) int64 {
 // fresh reports whether keyID's last fence seen is fresh at now (the
 // store's clock, ms; see freshFence).
 func (f *fences) fresh(keyID string, now int64, fresh time.Duration) bool {
-	v, ok := f.m.Load(keyID)
-	return ok && freshFence(v.(int64), now, fresh)
+	v := f.last(keyID)
+	return v != 0 && freshFence(v, now, fresh)
 }
 
 // freshFence reports whether fence, a clock in microseconds (NextFence)

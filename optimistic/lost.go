@@ -45,9 +45,9 @@ import (
 // no count started from the clock (a HASH from before this release, not
 // granted since; a count from zero that a handoff's HINCRBY made on one
 // without a count, or that a handoff's clean-up left there while SyncKey
-// made the key again). A store whose lost key is missing altogether reads it as not
-// existing: that is for the caller's source of truth to tell (the
-// service's catalog, see SyncKey).
+// made the key again). A store whose lost key is missing altogether reads
+// it as not existing: that is for the caller's source of truth to tell
+// (the service's catalog, see SyncKey).
 
 // hold holds keyID back, inside t: k, read under WATCH at now (ms), is
 // behind seen. It returns when the hold ends.

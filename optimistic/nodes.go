@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -60,10 +59,9 @@ type NodeHealth struct {
 // (<prefix>:probe:{<tag>}, on a slot the master serves, for a minute)
 // and, with Options.MinReplicas, waits for as many replicas to have it.
 // A server that answers reads but refuses writes cannot grant, and Ping
-// does not see it. A cluster master that serves no slot (or when the
-// cluster cannot say which it serves) is only pinged; one that answers a
-// probe with MOVED or ASK, its slot gone elsewhere since the client read
-// the map, is taken as up, and the next check asks the cluster again.
+// does not see it. A cluster master that serves no slot (or cannot say
+// which it serves) is only pinged; one that answers the probe with MOVED
+// or ASK, its slot gone elsewhere meanwhile, is taken as up.
 func (s *Store) Nodes(ctx context.Context) []NodeHealth {
 	c, ok := s.rdb.(*redis.ClusterClient)
 	if !ok {
@@ -75,19 +73,13 @@ func (s *Store) Nodes(ctx context.Context) []NodeHealth {
 		return []NodeHealth{{Addr: addr, Err: s.probe(ctx, s.rdb, s.keys.Probe("0"))}}
 	}
 	return s.nodes(ctx, c, func(ctx context.Context, node *redis.Client) error {
-		addr := node.Options().Addr
-		key, ok := s.probes.key(ctx, c, node, s.keys.Probe)
+		tag, ok := s.probeTag(ctx, c, node)
 		if !ok {
 			return ping(ctx, node)
 		}
-		err := s.probe(ctx, node, key)
-		if rerouted(err) {
-			// The slot moved, or nobody serves it now: the next check
-			// asks the cluster again where to write.
-			s.probes.forget(addr)
-		}
+		err := s.probe(ctx, node, s.keys.Probe(tag))
 		if isRedirect(err) {
-			// It answered, for a slot it no longer serves.
+			// It answered, for a slot it gave up since it said so.
 			return nil
 		}
 		return err
@@ -149,66 +141,25 @@ func (s *Store) probe(ctx context.Context, c redis.UniversalClient, key string) 
 	return s.acked(wait)
 }
 
-// probeSlots remembers a slot of each cluster master, by address, for
-// its probe key, so that a check costs no round trip but the probe's
-// while the slot map stays. It is safe for concurrent use; it holds its
-// lock over no round trip.
-type probeSlots struct {
-	mu    sync.Mutex
-	slots map[string]int
-}
-
-// key returns a probe key (named by name from a hash tag) on a slot that
-// the cluster serves from node, or false if it serves none there, or node
-// could not say.
-func (p *probeSlots) key(ctx context.Context, c *redis.ClusterClient, node *redis.Client, name func(tag string) string) (string, bool) {
-	addr := node.Options().Addr
-	tags := slotTags()
-	p.mu.Lock()
-	slot, ok := p.slots[addr]
-	p.mu.Unlock()
-	if ok {
-		if n, err := c.MasterForKey(ctx, name(tags[slot])); err == nil && n.Options().Addr == addr {
-			return name(tags[slot]), true
-		}
-	}
-	// New, or the map changed: ask node itself (a silent one holds up
-	// only its own check) which slots the cluster serves (a slot nobody
-	// serves is in no range), and note the first of each master's, by the
-	// address the client dials it at.
+// probeTag returns a hash tag on a slot that the cluster serves from
+// node, or false if it serves none there, or node could not say. It asks
+// node itself which slots the cluster serves (a slot nobody serves is in
+// no range; a silent node holds up only its own check) and takes the
+// first whose master is node by the address the client dials it at.
+func (s *Store) probeTag(ctx context.Context, c *redis.ClusterClient, node *redis.Client) (string, bool) {
 	//lint:ignore SA1019 CLUSTER SLOTS is the map go-redis's cluster client reads itself, the view MasterForKey answers from
 	ranges, err := node.ClusterSlots(ctx).Result()
 	if err != nil {
 		return "", false
 	}
-	first := map[string]int{}
+	tags := slotTags()
 	for _, r := range ranges {
-		n, err := c.MasterForKey(ctx, name(tags[r.Start]))
-		if err != nil {
-			continue
-		}
-		if _, ok := first[n.Options().Addr]; !ok {
-			first[n.Options().Addr] = r.Start
+		tag := tags[r.Start]
+		if m, err := c.MasterForKey(ctx, s.keys.Probe(tag)); err == nil && m.Options().Addr == node.Options().Addr {
+			return tag, true
 		}
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.slots == nil {
-		p.slots = map[string]int{}
-	}
-	maps.Copy(p.slots, first)
-	slot, ok = first[addr]
-	if !ok {
-		delete(p.slots, addr)
-	}
-	return name(tags[slot]), ok
-}
-
-// forget drops the slot noted for addr.
-func (p *probeSlots) forget(addr string) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	delete(p.slots, addr)
+	return "", false
 }
 
 // clusterSlots is the number of Redis Cluster hash slots.

@@ -154,8 +154,6 @@ type Store struct {
 	replicaReads bool
 	// notes is what Allocate learned of keys from its last attempts.
 	notes notes
-	// probes is where Nodes writes on each cluster master.
-	probes probeSlots
 	// releases sends concurrent releases to a server together.
 	releases coalescer
 	// clock is each server's clock as releases read it, and fences the
