@@ -51,9 +51,10 @@ import (
 // its master then does not answer at all: its outcome is given up, and
 // the lease, if the EXEC landed, is nobody's and ends after the TTL.
 //
-// On error no lease is held, except when an EXEC's outcome is unknown
-// (its reply was lost, or ctx ended during it) and no recheck could settle
-// it before the call ended: such a lease expires by itself after TTL.
+// On error no lease is held. An EXEC whose outcome is unknown (its reply
+// was lost, or ctx ended during it) and that no recheck settled before
+// the call ended has its lease given back as the call ends; if that fails
+// too (the store failing), the lease expires by itself after TTL.
 //
 // With req.Wait, a call that finds no free slot waits in line for one
 // (see Await) and tries again when woken, until req.Wait passes; its
@@ -78,6 +79,12 @@ func (s *Store) allocate(ctx context.Context, req AllocateRequest) (Lease, Stats
 	a.member = rs.Member(a.leaseID, req.Provider, req.Pool)
 	err := s.retry(ctx, func() error { return a.pass(ctx) })
 	if err != nil {
+		if a.pending != "" {
+			// An EXEC of this call may have granted it a lease that
+			// nobody will hold: given back, so that it takes no slot
+			// until its TTL.
+			a.giveBack(ctx, a.pending)
+		}
 		return Lease{}, st, Classify(ctx, "allocate", err)
 	}
 	return a.lease, st, nil
@@ -528,13 +535,13 @@ func (a *allocation) settle(ctx context.Context, t *txn, v verdict, body []cmd, 
 		var rerr redis.Error
 		switch {
 		case err == nil:
-		case errors.Is(err, errUnreplicated), errors.As(err, &rerr), len(v.batch) == 0 && ctx.Err() != nil:
-			// Unacknowledged, refused or aborted, or cut short by the
-			// caller: the call learns why. (A commit carrying others that
-			// ran out of time is unknown, below: they recheck.)
+		case errors.Is(err, errUnreplicated), errors.As(err, &rerr):
+			// Unacknowledged, or refused or aborted: the call learns why.
 			return v, err
 		default:
-			// Sent or not, ran or not: the next read tells.
+			// Sent or not, ran or not: the next read tells, or, if the
+			// call ends first (its ctx ended during the commit), the
+			// lease is given back (see allocate).
 			return v, fmt.Errorf("%w: %w", errRecheck, err)
 		}
 	}

@@ -1,6 +1,7 @@
 package optimistic
 
 import (
+	"context"
 	"errors"
 	"testing"
 	"time"
@@ -299,6 +300,38 @@ func TestRecoveredGrantIsSeen(t *testing.T) {
 	seq, err := srv.Client(t).HGet(ctx, s.keys.Key("k"), rs.FieldSeq).Int64()
 	require.NoError(t, err)
 	require.Equal(t, seq, s.seqs.last("k"))
+}
+
+// A call whose ctx ends while its EXEC's reply is on the wire (lost here)
+// cannot recheck: it gives the lease back as it ends, so a slot the EXEC
+// took is not held by nobody until the TTL. Whether the client stops
+// reading at ctx's deadline or at the hang-up after it, waiting or not.
+func TestCallEndedDuringItsCommitGivesTheLeaseBack(t *testing.T) {
+	srv := redistest.Start(t)
+	for _, deadlines := range []bool{false, true} {
+		for _, wait := range []time.Duration{0, 5 * time.Second} {
+			proxy := redistest.NewProxy(t, srv.Addr)
+			s := storeOn(t, redis.NewClient(&redis.Options{Addr: proxy.Addr, DialerRetries: 1, ContextTimeoutEnabled: deadlines}))
+			require.NoError(t, s.SyncKey(t.Context(), KeyState{ID: "k", Provider: "openai", Pool: "default", Status: StatusAvailable, MaxConcurrentUses: 1}))
+			seq := func() int64 { n, _ := srv.Client(t).HGet(t.Context(), s.keys.Key("k"), rs.FieldSeq).Int64(); return n }
+			before := seq()
+			proxy.CutNextExec()
+			// Shorter than the proxy's wait before it hangs up.
+			ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
+			_, _, err := s.Allocate(ctx, waitReq(wait))
+			cancel()
+			require.ErrorIs(t, err, context.DeadlineExceeded)
+			require.Eventually(t, func() bool { return proxy.Cuts() == 1 }, 10*time.Second, time.Millisecond)
+			require.Greater(t, seq(), before, "the EXEC ran")
+			infos, err := s.Inspect(t.Context(), "k")
+			require.NoError(t, err)
+			require.Zero(t, infos[0].Live, "given back (deadlines %v, wait %v)", deadlines, wait)
+			require.Empty(t, srv.Find(t, ":lease:"))
+			_, _, err = s.Allocate(t.Context(), waitReq(0))
+			require.NoError(t, err)
+			require.NoError(t, srv.Client(t).FlushAll(t.Context()).Err())
+		}
+	}
 }
 
 // A hold shorter than fenceFresh could let a handoff hand out a lost
