@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -125,6 +126,12 @@ func parseServe(args []string) (serveConfig, error) {
 	}
 	if c.liveMaxAge < 0 {
 		return c, errors.New("serve: --live-max-age must be 0 (read on every allocate) or more")
+	}
+	if err := postgres.CheckTarget(c.db); err != nil {
+		return c, fmt.Errorf("serve: --db %w", err)
+	}
+	if c.redisCluster && c.redisURL == "" {
+		return c, errors.New("serve: --redis-cluster needs --redis: it says how to read the Redis URL")
 	}
 	if postgres.IsURL(c.db) && c.redisURL == "" {
 		return c, errors.New("serve: a PostgreSQL --db needs --redis: leases live in Redis when the catalog is shared (the SQLite lease store lives in a SQLite catalog's file)")
@@ -357,8 +364,8 @@ func parseWeights(s string) (broker.Weights, error) {
 			return w, fmt.Errorf("--weights: %q: want name=value with name one of capacity, idle, success, error, rate_limit, cooldown, freshness, jitter", pair)
 		}
 		v, err := strconv.ParseFloat(strings.TrimSpace(val), 64)
-		if err != nil || v < 0 {
-			return w, fmt.Errorf("--weights: %q: want a number >= 0", pair)
+		if err != nil || !(v >= 0) || math.IsInf(v, 1) {
+			return w, fmt.Errorf("--weights: %q: want a finite number >= 0", pair)
 		}
 		*f = v
 	}

@@ -41,7 +41,7 @@ func TestParseWeights(t *testing.T) {
 	want := broker.DefaultWeights()
 	want.Capacity, want.Jitter, want.RateLimit = 2, 0, 0.7
 	require.Equal(t, want, w)
-	for _, bad := range []string{"capacity", "speed=1", "idle=-1", "idle=x"} {
+	for _, bad := range []string{"capacity", "speed=1", "idle=-1", "idle=x", "capacity=NaN", "idle=+Inf", "idle=inf"} {
 		_, err := parseWeights(bad)
 		require.Error(t, err, bad)
 	}
@@ -291,6 +291,41 @@ func TestServePostgresURL(t *testing.T) {
 		"--internal-key", internalK, "--admin-key", adminK})
 	require.Error(t, err)
 	require.NotContains(t, err.Error(), "hunter2")
+}
+
+// A --db that is neither a SQLite path nor a PostgreSQL URL is refused,
+// never quoted (it may hold a password) and never taken for a file name;
+// a PostgreSQL URL's scheme may be in any case.
+func TestServeRefusesDBsItWouldMistake(t *testing.T) {
+	unsetServeEnv(t)
+	for _, db := range []string{
+		"host=db.internal user=credpool password=hunter2 dbname=credpool",
+		"dbname=credpool password = hunter2",
+		"mysql://u:hunter2@127.0.0.1/db",
+	} {
+		_, err := parseServe([]string{"--db", db, "--redis", "redis://127.0.0.1:1"})
+		require.ErrorContains(t, err, "--db", db)
+		require.NotContains(t, err.Error(), "hunter2")
+	}
+	_, err := parseServe([]string{"--db", "data/credpool.db"})
+	require.NoError(t, err)
+
+	_, err = parseServe([]string{"--db", "POSTGRES://u:hunter2@127.0.0.1/db"})
+	require.ErrorContains(t, err, "needs --redis", "a PostgreSQL URL")
+	t.Setenv("CREDPOOL_SECRET_KEY", secretK)
+	dir := t.TempDir()
+	t.Chdir(dir)
+	err = serve([]string{"--db", "PostgreSQL://u:hunter2@127.0.0.1:1/db?connect_timeout=2", "--redis", "redis://127.0.0.1:1",
+		"--internal-key", internalK, "--admin-key", adminK})
+	require.ErrorContains(t, err, "postgres:")
+	require.ErrorContains(t, err, "database=db", "read as a URL (pgx reads an upper-case scheme as keywords, for a local socket)")
+	require.NotContains(t, err.Error(), "hunter2")
+	files, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	require.Empty(t, files, "no SQLite file made")
+
+	_, err = parseServe([]string{"--redis-cluster"})
+	require.ErrorContains(t, err, "--redis-cluster needs --redis")
 }
 
 // closedWithin reads from conn until the server closes it and says whether

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"regexp"
 	"strings"
 	"time"
 
@@ -30,10 +31,30 @@ const MaxConns = 16
 // use.
 type DB struct{ *sql.DB }
 
-// IsURL reports whether s names a PostgreSQL database
-// (postgres:// or postgresql://) rather than a SQLite file.
+// IsURL reports whether s names a PostgreSQL database (postgres:// or
+// postgresql://, in any case) rather than a SQLite file.
 func IsURL(s string) bool {
-	return strings.HasPrefix(s, "postgres://") || strings.HasPrefix(s, "postgresql://")
+	scheme, _, ok := strings.Cut(s, "://")
+	return ok && (strings.EqualFold(scheme, "postgres") || strings.EqualFold(scheme, "postgresql"))
+}
+
+// keyword matches a libpq keyword/value connection string's setting.
+var keyword = regexp.MustCompile(`(?i)(^|\s)(host|hostaddr|port|dbname|user|password|passfile|sslmode|service|connect_timeout)\s*=`)
+
+// CheckTarget refuses a database name that is neither a SQLite file path
+// nor a PostgreSQL URL: a libpq keyword/value string (host=… password=…),
+// which would otherwise be taken for a file name, or a URL of another
+// scheme. Its errors never quote s: it may hold a password.
+func CheckTarget(s string) error {
+	switch {
+	case IsURL(s):
+		return nil
+	case keyword.MatchString(s):
+		return errors.New("looks like a libpq keyword/value connection string (host=… user=…): give PostgreSQL as a URL, postgres://user:password@host:port/database")
+	case strings.Contains(s, "://"):
+		return errors.New("is a URL, but not a postgres:// or postgresql:// one: give a SQLite file path or a PostgreSQL URL")
+	}
+	return nil
 }
 
 // Open connects to the database at rawURL (postgres://user:password@host:port/db?sslmode=...,
@@ -41,7 +62,9 @@ func IsURL(s string) bool {
 // and checks that it answers. Its errors never carry the password. The
 // caller closes the returned db.
 func Open(ctx context.Context, rawURL string) (*DB, error) {
-	cfg, err := pgx.ParseConfig(rawURL)
+	// pgx takes only a lower-case scheme for a URL.
+	scheme, rest, _ := strings.Cut(rawURL, "://")
+	cfg, err := pgx.ParseConfig(strings.ToLower(scheme) + "://" + rest)
 	if err != nil {
 		// pgx's message may quote the URL; Redact's does not keep the password.
 		return nil, fmt.Errorf("postgres: %s: not a valid URL, want postgres://user:password@host:port/database", Redact(rawURL))

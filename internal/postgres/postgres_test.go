@@ -49,6 +49,8 @@ func TestRedact(t *testing.T) {
 func TestIsURL(t *testing.T) {
 	require.True(t, postgres.IsURL("postgres://h/db"))
 	require.True(t, postgres.IsURL("postgresql://h/db"))
+	require.True(t, postgres.IsURL("PostgreSQL://h/db"))
+	require.False(t, postgres.IsURL("host=h dbname=db"))
 	require.False(t, postgres.IsURL("credpool.db"))
 	require.False(t, postgres.IsURL("/var/lib/postgres/credpool.db"))
 }
