@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -923,6 +924,40 @@ func TestRenewReadsNoSecret(t *testing.T) {
 	require.Error(t, err, "the secret does not open here")
 	_, err = e.broker(cache(t, other), e.store).Renew(t.Context(), g.LeaseRef, time.Minute)
 	require.NoError(t, err)
+}
+
+// A key whose secret does not open here (sealed with a sealing key this
+// instance lacks) is passed over: its grant is given back and the other
+// keys serve, instead of the pool answering 503 while they sit free. Once
+// only that key could have room, the answer is that failure, never 429.
+func TestUnopenedSecretPassesTheKeyOver(t *testing.T) {
+	e := newEnv(t, key("bad", "default", 50), key("good", "default", 5))
+	sealer := func(b byte) *catalog.Sealer {
+		s, err := catalog.NewSealer(bytes.Repeat([]byte{b}, 32))
+		require.NoError(t, err)
+		return s
+	}
+	sealed, err := catalog.New(t.Context(), e.db, &catalog.Options{Sealer: sealer(1)})
+	require.NoError(t, err)
+	_, err = sealed.Put(t.Context(), key("bad", "default", 50))
+	require.NoError(t, err)
+	here, err := catalog.New(t.Context(), e.db, &catalog.Options{Sealer: sealer(2)})
+	require.NoError(t, err)
+	var logs bytes.Buffer
+	b := broker.New(cache(t, here), e.store, &broker.Options{Requests: e.requests, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+
+	for range 5 {
+		g := allocate(t, b, req("default"))
+		require.Equal(t, "good", g.KeyID)
+		require.Equal(t, "sk-good", g.Secret.Reveal())
+	}
+	require.Contains(t, logs.String(), "key passed over", "the bad key, ranked first by its free slots, was granted and given back")
+	require.Contains(t, logs.String(), "key_id=bad")
+	_, err = b.Allocate(t.Context(), req("default"))
+	require.ErrorIs(t, err, catalog.ErrSecret)
+	require.ErrorIs(t, err, optimistic.ErrStore)
+	require.NotErrorIs(t, err, optimistic.ErrNoCapacity)
+	require.Zero(t, e.live(t, "bad"), "every grant of it given back")
 }
 
 // status returns a change that sets key a's status and cooldown end in the

@@ -36,6 +36,10 @@ type poolRun struct {
 	// gone says the re-check found a granted key deleted, moved out of the
 	// pool, or no longer serving the model (see confirm).
 	gone bool
+	// unopened is why the re-check gave back a grant of a key whose secret
+	// does not open here, the first time: with it, "full" is this
+	// instance's failure.
+	unopened error
 }
 
 // heldBack notes a key held back until at (zero: not by itself).
@@ -100,8 +104,9 @@ func (p *poolRun) allocate(ctx context.Context, cands []catalog.Key) error {
 		return err
 	}
 	retried := false
-	// skipped is why repair passed over keys that may have room: their
-	// server refused it. With it, "full" is the store's failure.
+	// skipped is why keys that may have room were passed over: repair
+	// could not reach their server, or the re-check could not open their
+	// secret. With it, "full" is a failure, not a full pool.
 	var skipped error
 	for len(order) > 0 {
 		settled := p.backlog.settled()
@@ -128,7 +133,9 @@ func (p *poolRun) allocate(ctx context.Context, cands []catalog.Key) error {
 			if rerr != nil {
 				return rerr
 			}
-			skipped = unfixed
+			if unfixed != nil {
+				skipped = unfixed
+			}
 			// Full perhaps only because releases waited for the store: if
 			// it took some since it was asked, in this round or the
 			// background's, ask again.
@@ -148,6 +155,9 @@ func (p *poolRun) allocate(ctx context.Context, cands []catalog.Key) error {
 		ok, err := p.confirm(ctx, lease)
 		if ok || err != nil {
 			return err
+		}
+		if skipped == nil {
+			skipped = p.unopened
 		}
 		order = slices.DeleteFunc(order, func(id string) bool { return id == lease.KeyID })
 	}
@@ -402,7 +412,8 @@ func differs(in optimistic.KeyInfo, want optimistic.KeyState) bool {
 // belongs to this provider and pool, is usable and serves the model, and
 // the model's alias did not move, it notes last_used_at and fills the
 // grant. Otherwise it gives the slot back, brings the store in line with
-// the catalog (but for a moved alias: errAliasMoved), and reports false.
+// the catalog (but for a moved alias: errAliasMoved, and a secret that
+// does not open here: p.unopened), and reports false.
 func (p *poolRun) confirm(ctx context.Context, lease optimistic.Lease) (bool, error) {
 	now := time.Now()
 	k, err := p.catalog.Get(ctx, lease.KeyID)
@@ -410,6 +421,15 @@ func (p *poolRun) confirm(ctx context.Context, lease optimistic.Lease) (bool, er
 	switch {
 	case errors.Is(err, catalog.ErrNotFound):
 		reason, p.gone = "deleted", true
+	case errors.Is(err, catalog.ErrSecret):
+		// The others may open: the pool is not down for one key sealed
+		// with a sealing key this instance lacks.
+		p.log.WarnContext(ctx, "secret does not open here: key passed over", "key_id", lease.KeyID, "err", err)
+		p.giveBack(ctx, lease, "secret does not open")
+		if p.unopened == nil {
+			p.unopened = catalogErr(ctx, "open the key's secret", err)
+		}
+		return false, nil
 	case err != nil:
 		p.giveBack(ctx, lease, "catalog read failed")
 		return false, catalogErr(ctx, "re-check key", err)

@@ -18,6 +18,10 @@ import (
 // ErrNotFound means no key has that id.
 var ErrNotFound = errors.New("catalog: key not found")
 
+// ErrSecret means a key's secret does not open with the sealing keys this
+// process has: the key itself is fine, but cannot be handed out here.
+var ErrSecret = errors.New("catalog: secret does not open")
+
 // redacted replaces a secret wherever it would be printed.
 const redacted = "[redacted]"
 

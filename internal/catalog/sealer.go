@@ -110,15 +110,15 @@ func (s *Sealer) open(id, stored string) (string, error) {
 	tag, b64, ok := strings.Cut(rest, ":")
 	aead := s.keys[tag]
 	if !ok || aead == nil {
-		return "", fmt.Errorf("secret of key %s: sealed with a key this process does not have (%s)", id, tag)
+		return "", fmt.Errorf("%w: key %s: sealed with a key this process does not have (%s)", ErrSecret, id, tag)
 	}
 	raw, err := base64.StdEncoding.DecodeString(b64)
 	if err != nil || len(raw) < aead.NonceSize() {
-		return "", fmt.Errorf("secret of key %s: malformed", id)
+		return "", fmt.Errorf("%w: key %s: malformed", ErrSecret, id)
 	}
 	plain, err := aead.Open(nil, raw[:aead.NonceSize()], raw[aead.NonceSize():], []byte(id))
 	if err != nil {
-		return "", fmt.Errorf("secret of key %s: does not open (tampered, or moved from another key)", id)
+		return "", fmt.Errorf("%w: key %s: tampered, or moved from another key", ErrSecret, id)
 	}
 	return string(plain), nil
 }
