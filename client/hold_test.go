@@ -195,6 +195,19 @@ func TestHoldReportsTheOutcome(t *testing.T) {
 	require.WithinDuration(t, time.Now().Add(120*time.Second), *k.CooldownUntil, 10*time.Second)
 	require.Zero(t, k.LiveLeases)
 
+	// Seconds past what a Duration holds: a day, the service's longest.
+	putKey(t, adm, "long", 1)
+	err = c.Hold(t.Context(), request(), func(context.Context, client.Lease) error {
+		return client.CheckResponse(upstream(t, http.StatusTooManyRequests, map[string]string{"Retry-After": "10000000000"}))
+	})
+	require.ErrorAs(t, err, &up)
+	require.NotErrorIs(t, err, client.ErrNotReported)
+	k, err = adm.Key(t.Context(), "long")
+	require.NoError(t, err)
+	require.Equal(t, "rate_limited", k.Status)
+	require.WithinDuration(t, time.Now().Add(24*time.Hour), *k.CooldownUntil, 10*time.Second)
+	require.Zero(t, k.LiveLeases)
+
 	putKey(t, adm, "auth", 1)
 	err = c.Hold(t.Context(), request(), func(context.Context, client.Lease) error {
 		return client.CheckResponse(upstream(t, http.StatusForbidden, nil))
@@ -235,7 +248,7 @@ func TestHoldReportsTheOutcome(t *testing.T) {
 	metrics := scrape(t, s)
 	for _, line := range []string{
 		`credpool_reports_total{outcome="success"} 1`,
-		`credpool_reports_total{outcome="rate_limited"} 1`,
+		`credpool_reports_total{outcome="rate_limited"} 2`,
 		`credpool_reports_total{outcome="auth_error"} 1`,
 		// The panic; the abandoned works are not counted against the key.
 		`credpool_reports_total{outcome="error"} 1`,

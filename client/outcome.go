@@ -15,7 +15,8 @@ import (
 // AuthError (the key is disabled), anything else is Failure.
 type UpstreamError struct {
 	StatusCode int
-	// RetryAfter is the upstream's Retry-After; zero if it sent none.
+	// RetryAfter is the upstream's Retry-After, at most a day (the
+	// longest cooldown the service takes); zero if it sent none.
 	RetryAfter time.Duration
 	// Err is the cause, if any.
 	Err error
@@ -53,13 +54,15 @@ func CheckResponse(resp *http.Response) error {
 }
 
 // parseRetryAfter reads a Retry-After header: whole seconds or an HTTP
-// date; zero if absent, malformed or past.
+// date; zero if absent, malformed or past. Seconds past a day are a day,
+// the longest cooldown the service takes (more would overflow a
+// Duration).
 func parseRetryAfter(v string, now time.Time) time.Duration {
 	if v == "" {
 		return 0
 	}
-	if s, err := strconv.Atoi(v); err == nil {
-		return time.Duration(max(s, 0)) * time.Second
+	if s, err := strconv.ParseInt(v, 10, 64); err == nil || errors.Is(err, strconv.ErrRange) {
+		return time.Duration(min(max(s, 0), int64(maxRetryAfter/time.Second))) * time.Second
 	}
 	if t, err := http.ParseTime(v); err == nil && t.After(now) {
 		return t.Sub(now)
