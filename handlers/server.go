@@ -130,6 +130,11 @@ func New(cfg Config) (http.Handler, error) {
 	gin.SetMode(gin.ReleaseMode)
 	r := gin.New()
 	r.HandleMethodNotAllowed = true
+	// A path near a route is no route (404 as JSON), not a redirect to it.
+	r.RedirectTrailingSlash = false
+	// Routes match the path as sent, so that an escaped "/" (%2F) stays
+	// inside its segment: aliases may hold one (org/model).
+	r.UseRawPath = true
 	r.Use(recovery(cfg.Logger), requestLog(cfg.Logger), deadline(cfg.RequestTimeout))
 	r.NoRoute(func(c *gin.Context) { fail(c, http.StatusNotFound, "not_found", "no such endpoint", "") })
 	r.NoMethod(func(c *gin.Context) {

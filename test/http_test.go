@@ -846,6 +846,27 @@ func TestHTTPHealth(t *testing.T) {
 	code, _, out = s.call(t, http.MethodGet, "/nowhere", "", "", nil)
 	require.Equal(t, http.StatusNotFound, code)
 	require.Equal(t, "not_found", errCode(out))
+	// Near a route is no route: 404, not a redirect.
+	code, _, out = s.call(t, http.MethodPost, "/api/internal/allocate-key/", "X-Internal-Key", internalKey, allocBody("default"))
+	require.Equal(t, http.StatusNotFound, code)
+	require.Equal(t, "not_found", errCode(out))
+	code, out = s.admin(t, http.MethodGet, "keys/", nil)
+	require.Equal(t, http.StatusNotFound, code)
+	require.Equal(t, "not_found", errCode(out))
+}
+
+// An alias may hold a "/" (org/model), sent escaped in its path segment.
+func TestHTTPAliasWithASlash(t *testing.T) {
+	s := startService(t, serviceOptions{sqlite: true})
+	s.putKey(t, "k", "default", 1, map[string]any{"models": []string{"meta/llama-3-70b"}})
+	code, out := s.admin(t, http.MethodPut, "aliases/openai/meta%2Fllama", map[string]any{"model": "meta/llama-3-70b"})
+	require.Equal(t, http.StatusOK, code, "%v", out)
+	require.Equal(t, "meta/llama", out["alias"])
+	code, _, g := s.internal(t, "allocate-key", map[string]any{"provider": "openai", "model": "meta/llama"})
+	require.Equal(t, http.StatusOK, code, "%v", g)
+	require.Equal(t, "meta/llama-3-70b", g["provider_model"])
+	code, out = s.admin(t, http.MethodGet, "keys/k%2Fx", nil)
+	require.Equal(t, http.StatusBadRequest, code, "an id holds no slash: %v", out)
 }
 
 func TestHTTPRequestIDIsIdempotent(t *testing.T) {
