@@ -7,9 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"reflect"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/gin-gonic/gin"
@@ -26,11 +28,17 @@ func decode(c *gin.Context, dst any) bool { return decodeUpTo(c, dst, maxBody) }
 
 // decodeUpTo is decode for bodies of at most limit bytes.
 func decodeUpTo(c *gin.Context, dst any, limit int64) bool {
-	dec := json.NewDecoder(http.MaxBytesReader(c.Writer, c.Request.Body, limit))
-	dec.DisallowUnknownFields()
-	err := dec.Decode(dst)
-	if err == nil && !errors.Is(dec.Decode(&struct{}{}), io.EOF) {
-		err = errTrailing
+	body, err := io.ReadAll(http.MaxBytesReader(c.Writer, c.Request.Body, limit))
+	if err == nil {
+		err = checkNames(body, dst)
+	}
+	if err == nil {
+		dec := json.NewDecoder(bytes.NewReader(body))
+		dec.DisallowUnknownFields()
+		err = dec.Decode(dst)
+		if err == nil && !errors.Is(dec.Decode(&struct{}{}), io.EOF) {
+			err = errTrailing
+		}
 	}
 	if err == nil {
 		return true
@@ -38,6 +46,77 @@ func decodeUpTo(c *gin.Context, dst any, limit int64) bool {
 	refuse(c, err, limit, "")
 	return false
 }
+
+// checkNames refuses an object whose names dst's fields do not spell
+// exactly, or that repeats a name: encoding/json matches names whatever
+// their case and lets the last of a repeated name win, where the API's
+// schema allows neither. What is no object of names is left to the
+// decoder to refuse.
+func checkNames(raw []byte, dst any) error {
+	t := reflect.TypeOf(dst)
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if t.Kind() != reflect.Struct {
+		return nil
+	}
+	names := fieldNames(t)
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return nil
+	}
+	seen := make(map[string]bool)
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil
+		}
+		name, _ := tok.(string)
+		switch {
+		case !names[name]:
+			return fmt.Errorf("json: unknown field %q", name)
+		case seen[name]:
+			return repeatedError{name}
+		}
+		seen[name] = true
+		var skip json.RawMessage
+		if dec.Decode(&skip) != nil {
+			return nil
+		}
+	}
+	return nil
+}
+
+// fieldNames is the set of JSON names of t's fields, embedded structs'
+// included, as encoding/json spells them.
+func fieldNames(t reflect.Type) map[string]bool {
+	if v, ok := namesOf.Load(t); ok {
+		return v.(map[string]bool)
+	}
+	names := make(map[string]bool)
+	for f := range t.Fields() {
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		switch {
+		case name == "-" || !f.IsExported() && !f.Anonymous:
+		case name == "" && f.Anonymous && f.Type.Kind() == reflect.Struct:
+			maps.Copy(names, fieldNames(f.Type))
+		case name == "":
+			names[f.Name] = true
+		default:
+			names[name] = true
+		}
+	}
+	namesOf.Store(t, names)
+	return names
+}
+
+// namesOf caches fieldNames by type.
+var namesOf sync.Map // reflect.Type → map[string]bool
+
+// repeatedError refuses an object that names a field twice.
+type repeatedError struct{ name string }
+
+func (e repeatedError) Error() string { return "field " + e.name + " given twice" }
 
 // decodeItems is decode for a JSON array of at most limit bytes, item by
 // item, so that a refusal names the item at fault: [i].field.
@@ -48,9 +127,13 @@ func decodeItems[T any](c *gin.Context, limit int64) ([]T, bool) {
 	}
 	out := make([]T, len(raw))
 	for i, item := range raw {
-		dec := json.NewDecoder(bytes.NewReader(item))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(&out[i]); err != nil {
+		err := checkNames(item, &out[i])
+		if err == nil {
+			dec := json.NewDecoder(bytes.NewReader(item))
+			dec.DisallowUnknownFields()
+			err = dec.Decode(&out[i])
+		}
+		if err != nil {
 			refuse(c, err, limit, fmt.Sprintf("[%d]", i))
 			return nil, false
 		}
@@ -66,6 +149,7 @@ func refuse(c *gin.Context, err error, limit int64, at string) {
 		syntax    *json.SyntaxError
 		wrongType *json.UnmarshalTypeError
 		badTime   *time.ParseError
+		repeated  repeatedError
 	)
 	// field names a field of the body, or of its item at.
 	field := func(name string) string {
@@ -85,6 +169,9 @@ func refuse(c *gin.Context, err error, limit int64, at string) {
 	case errors.As(err, &wrongType):
 		f := field(jsonPath(wrongType.Field))
 		fail(c, http.StatusBadRequest, "invalid_request", fmt.Sprintf("%s: want a JSON %s", f, jsonKind(wrongType.Type)), f)
+	case errors.As(err, &repeated):
+		f := field(repeated.name)
+		fail(c, http.StatusBadRequest, "invalid_request", "field "+f+" given twice", f)
 	case strings.HasPrefix(err.Error(), "json: unknown field "):
 		f := field(strings.Trim(strings.TrimPrefix(err.Error(), "json: unknown field "), `"`))
 		fail(c, http.StatusBadRequest, "invalid_request", "unknown field "+f, f)
