@@ -82,6 +82,35 @@ func TestHTTPRedisOutageGivesSlotsBack(t *testing.T) {
 	storeOutage(t, s, func() { s.proxy.SetDown(true) }, func() { s.proxy.SetDown(false) })
 }
 
+// An admin write that the catalog took and the store did not is 503, and
+// the same call again finishes it: a put syncs the key, and a delete
+// clears what the store still has and answers 200, not 404.
+func TestHTTPAdminWriteRetriedAfterAStoreOutage(t *testing.T) {
+	s := startService(t, serviceOptions{proxied: true})
+	s.putKey(t, "k", "default", 1, nil)
+	code, _, g := s.internal(t, "allocate-key", allocBody("default"))
+	require.Equal(t, http.StatusOK, code, "%v", g)
+
+	s.proxy.SetDown(true)
+	code, out := s.admin(t, http.MethodDelete, "keys/k", nil)
+	require.Equal(t, http.StatusServiceUnavailable, code, "%v", out)
+	s.proxy.SetDown(false)
+	waitFor(t, "the store back", 20*time.Second, func() bool {
+		code, _, _ := s.call(t, http.MethodGet, "/readyz", "", "", nil)
+		return code == http.StatusOK
+	})
+	require.NotEmpty(t, s.redis.Find(t, ":key:{k}"), "the store missed the delete")
+	code, out = s.admin(t, http.MethodDelete, "keys/k", nil)
+	require.Equal(t, http.StatusOK, code, "%v", out)
+	require.Empty(t, s.redis.Find(t, "{k}"))
+	code, out = s.admin(t, http.MethodDelete, "keys/k", nil)
+	require.Equal(t, http.StatusNotFound, code, "%v", out)
+	require.Equal(t, "key_not_found", errCode(out))
+	code, _, out = s.internal(t, "release", leaseBody(g))
+	require.Equal(t, http.StatusOK, code, "%v", out)
+	require.Equal(t, false, out["released"], "its holder lost it")
+}
+
 // Redis silent: the network drops packets and sends no reset, so only the
 // client's own timeouts notice. They must make it a store failure well
 // inside the request's deadline, not a 503 "timeout".

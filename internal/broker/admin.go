@@ -136,6 +136,13 @@ func (a *Admin) Delete(ctx context.Context, id string) error {
 	if err != nil && !errors.Is(err, catalog.ErrNotFound) {
 		return catalogErr(ctx, "delete key", err)
 	}
+	if errors.Is(err, catalog.ErrNotFound) {
+		// Perhaps a retry of a delete the store failed: what is left of
+		// the key there is the key, and its delete succeeds.
+		if in, ierr := a.store.Inspect(ctx, id); ierr == nil && len(in) == 1 && in[0].Exists {
+			err = nil
+		}
+	}
 	if serr := a.store.DeleteKey(ctx, id); serr != nil {
 		return serr
 	}

@@ -593,7 +593,7 @@ func (b *Broker) allocatePools(ctx context.Context, req Request, model string) (
 		return Grant{Stats: g.Stats}, fmt.Errorf("%w: provider %s, pools %v", optimistic.ErrContended, req.Provider, pools)
 	case wait.FreeAt.IsZero():
 		// Full would be a lie: nothing frees up until an operator acts.
-		return Grant{Stats: g.Stats}, fmt.Errorf("%w: no key of provider %s in pools %v that serves model %s is usable (all disabled, pending or exhausted)", ErrPolicy, req.Provider, pools, model)
+		return Grant{Stats: g.Stats}, fmt.Errorf("%w: no key of provider %s in pools %v that serves model %s is usable (all disabled, pending, exhausted, or cooling down with no end set)", ErrPolicy, req.Provider, pools, model)
 	}
 	return Grant{Stats: g.Stats}, &wait
 }
