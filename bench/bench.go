@@ -25,10 +25,11 @@ type Config struct {
 	Strategies []Strategy
 	Cells      []Cell
 	// Reps is how many times each cell runs on every strategy, the
-	// strategies in the given order, then in the reverse, alternately:
-	// whichever runs first in a cell tends to do better, on a warm server
-	// and a cool machine. Each repetition has its own seed, which all
-	// strategies of it share; 0 means 1.
+	// strategies in the given order, then in the reverse, alternately,
+	// every other cell starting with the reverse (see reversed), so that
+	// neither order is favoured, whatever running first does to a run.
+	// Each repetition has its own seed, which all strategies of it share;
+	// 0 means 1.
 	Reps int
 	// RedisURL is the server of the Redis strategies. Empty starts a
 	// throwaway redis-server on loopback for the run.
@@ -82,7 +83,7 @@ func Run(ctx context.Context, cfg Config) (*report.Report, error) {
 	for i, cell := range cfg.Cells {
 		for r := range reps {
 			order := slices.Clone(cfg.Strategies)
-			if r%2 == 1 {
+			if reversed(i, r) {
 				slices.Reverse(order)
 			}
 			for _, s := range order {
@@ -115,6 +116,12 @@ func Run(ctx context.Context, cfg Config) (*report.Report, error) {
 	}
 	return rep, nil
 }
+
+// reversed says whether repetition rep of cell i runs in the reverse
+// order. Repetitions alternate, and odd cells start with the reverse: with
+// an odd number of repetitions one order comes first once more in a cell,
+// and the next cell evens it out.
+func reversed(cell, rep int) bool { return (cell+rep)%2 == 1 }
 
 func write(rep *report.Report, cfg Config) error {
 	if cfg.Stdout != nil {

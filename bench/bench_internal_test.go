@@ -16,6 +16,7 @@ import (
 
 	"github.com/credpool/credpool/bench/report"
 	"github.com/credpool/credpool/bench/workload"
+	"github.com/credpool/credpool/internal/redisproc"
 	"github.com/credpool/credpool/optimistic"
 )
 
@@ -33,6 +34,20 @@ func TestShareSplitsCallersCallsAndRate(t *testing.T) {
 	require.Equal(t, int64(1001), ops)
 	require.Equal(t, 33, share(spec, 2, 0).Workers, "the remainder goes to the first processes")
 	require.Zero(t, share(workload.Spec{Workers: 8}, 2, 1).Ops, "no op count stays none")
+}
+
+// Over two cells of three repetitions each order runs first three times,
+// and every cell alternates.
+func TestReversedEvensOutOddReps(t *testing.T) {
+	var got [][]bool
+	for cell := range 2 {
+		var reps []bool
+		for rep := range 3 {
+			reps = append(reps, reversed(cell, rep))
+		}
+		got = append(got, reps)
+	}
+	require.Equal(t, [][]bool{{false, true, false}, {true, false, true}}, got)
 }
 
 func TestGridCells(t *testing.T) {
@@ -124,6 +139,34 @@ func TestCommandStats(t *testing.T) {
 	delta, total := commandDelta(before, after)
 	require.Equal(t, map[string]int64{"evalsha": 15, "time": 15}, delta, "connection set-up and INFO are not counted")
 	require.Equal(t, int64(30), total)
+}
+
+// go-redis sends a new connection's set-up (HELLO, CLIENT SETINFO and
+// more) through the client's hooks: none of it is a round trip of the
+// run's, on a pooled connection or a pub/sub one.
+func TestRoundTripsLeaveOutSetUp(t *testing.T) {
+	ctx := t.Context()
+	srv, err := startRedis(ctx, "", false, false)
+	require.NoError(t, err)
+	t.Cleanup(srv.stop)
+	rt := &redisproc.RoundTrips{}
+	rdb, err := location{RedisURL: srv.url, PoolSize: 2}.redis(rt)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, rdb.Close()) })
+
+	require.NoError(t, rdb.Set(ctx, "k", "v", 0).Err())
+	require.Equal(t, int64(1), rt.Total(), "one command on a new connection")
+	_, err = rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.Get(ctx, "k")
+		return nil
+	})
+	require.NoError(t, err)
+	require.Equal(t, int64(2), rt.Total(), "one transaction")
+	sub := rdb.SSubscribe(ctx, "{k}:ch")
+	_, err = sub.Receive(ctx)
+	require.NoError(t, err)
+	require.NoError(t, sub.Close())
+	require.Equal(t, int64(2), rt.Total(), "nor the pub/sub connection's set-up")
 }
 
 func TestLoopback(t *testing.T) {

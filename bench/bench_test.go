@@ -22,7 +22,7 @@ import (
 const workerEnv = "CREDPOOL_BENCH_TEST_WORKER=1"
 
 // testStrategies are what the workers of these tests know.
-var testStrategies = append(append([]bench.Strategy(nil), bench.Strategies()...), unsafeStrategy)
+var testStrategies = append(append([]bench.Strategy(nil), bench.Strategies()...), unsafeStrategy, forgetfulStrategy)
 
 // TestMain doubles as the worker process of multi-process cells: the
 // harness re-executes this test binary with workerEnv set, as credpool
@@ -74,7 +74,7 @@ func cells(t *testing.T, grids ...bench.Grid) []bench.Cell {
 func TestAuditCatchesUnsafeStore(t *testing.T) {
 	g := grid([]string{"hot"}, 8, 1, 1, 2)
 	g.HoldDist, g.Pauses = "fixed", []time.Duration{100 * time.Microsecond}
-	rep := runOversold(t, g)
+	rep := runOversold(t, unsafeStrategy, g)
 	require.Len(t, rep.Runs, 4)
 	for _, run := range rep.Runs {
 		if run.Strategy != "unsafe" {
@@ -89,13 +89,13 @@ func TestAuditCatchesUnsafeStore(t *testing.T) {
 	}
 }
 
-// runOversold runs the unsafe store and the correct one on g's cells, and
-// checks that the run failed its audit, in the error and in the report.
-func runOversold(t *testing.T, g bench.Grid) *report.Report {
+// runOversold runs unsafe and the correct store on g's cells, and checks
+// that the run failed its audit, in the error and in the report.
+func runOversold(t *testing.T, unsafe bench.Strategy, g bench.Grid) *report.Report {
 	t.Helper()
 	optimistic, err := bench.Select(bench.Strategies(), "optimistic")
 	require.NoError(t, err)
-	cfg := config(append([]bench.Strategy{unsafeStrategy}, optimistic...), cells(t, g))
+	cfg := config(append([]bench.Strategy{unsafe}, optimistic...), cells(t, g))
 	var out bytes.Buffer
 	cfg.Stdout = &out
 	rep, err := bench.Run(context.Background(), cfg)
@@ -111,7 +111,7 @@ func runOversold(t *testing.T, g bench.Grid) *report.Report {
 func TestAuditReadsTheStoreDuringZeroHolds(t *testing.T) {
 	g := grid([]string{"hot"}, 8, 1, 1)
 	g.Hold, g.HoldDist, g.Duration = 0, "fixed", 500*time.Millisecond
-	rep := runOversold(t, g)
+	rep := runOversold(t, unsafeStrategy, g)
 	require.Len(t, rep.Runs, 2)
 	for _, run := range rep.Runs {
 		require.Positive(t, run.Audit.Samples, "%s: read during the run", run.Strategy)
@@ -120,6 +120,27 @@ func TestAuditReadsTheStoreDuringZeroHolds(t *testing.T) {
 			continue
 		}
 		require.Positive(t, run.Audit.StateViolations, "the store's state during the run must show it")
+	}
+}
+
+// A crashed holder's lease keeps its slot until it expires, and the audit
+// counts the holder until then: a store that hands the slot on sooner is
+// caught, in one process and in two, although every caller that released
+// did so in time. The correct store on the same cells passes, its crashed
+// leases expiring during the run.
+func TestAuditCountsCrashedHolders(t *testing.T) {
+	g := grid([]string{"hot"}, 8, 1, 1, 2)
+	g.HoldDist, g.Duration, g.TTL, g.CrashShare = "fixed", 500*time.Millisecond, 300*time.Millisecond, 0.3
+	rep := runOversold(t, forgetfulStrategy, g)
+	require.Len(t, rep.Runs, 4)
+	for _, run := range rep.Runs {
+		require.Positive(t, run.Counts.Crashed, "%s, %d procs", run.Strategy, run.Procs)
+		if run.Strategy != "forgetful" {
+			require.True(t, run.Audit.OK(), "%d procs: %+v", run.Procs, run.Audit)
+			continue
+		}
+		require.Positive(t, run.Audit.HolderViolations, "%d procs: the holder count must catch it", run.Procs)
+		require.Contains(t, run.Audit.First, "holders of")
 	}
 }
 
@@ -144,6 +165,9 @@ func TestShortRunWritesEveryOutput(t *testing.T) {
 		require.Equal(t, 1, first.Rep)
 		require.Equal(t, names[len(names)-1-i], second.Strategy, "then the reverse")
 		require.Equal(t, 2, second.Rep)
+		next := rep.Runs[2*len(names)+i]
+		require.Equal(t, names[len(names)-1-i], next.Strategy, "the next cell starts with the reverse")
+		require.Equal(t, 1, next.Rep)
 	}
 
 	md := out.String()

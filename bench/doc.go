@@ -5,8 +5,9 @@
 // key ever had more holders than its limit.
 //
 // Run measures a list of cells (see Grid and Standard) on every strategy,
-// Config.Reps times, alternating the strategies' order, each run in a
-// fresh key space: a unique key prefix on Redis, a new file for SQLite.
+// Config.Reps times, alternating the strategies' order (every other cell
+// starts with the reverse), each run in a fresh key space: a unique key
+// prefix on Redis, a new file for SQLite.
 // The Redis stores come with and without the per-key gate of
 // internal/keygate (see Strategies), so that reports compare like with
 // like. A cell with Procs > 1 runs its callers in that many OS

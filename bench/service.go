@@ -336,9 +336,10 @@ func catalogs(ctx context.Context, cfg ServiceConfig, h *harness, pg *pgproc.Ser
 // serviceCell measures one cell Reps times at every instance count, and
 // the store alone, and returns one cell per instance count. A repetition
 // runs the service at each count, fewest first, then the store, or all in
-// the reverse order, alternately. svcs are the running instances, of
-// which a run at n uses the first n, and loaders those whose catalogs get
-// the keys; index numbers the cell for the seeds.
+// the reverse order, alternately, odd cells starting with the reverse (see
+// reversed). svcs are the running instances, of which a run at n uses the
+// first n, and loaders those whose catalogs get the keys; index numbers
+// the cell for the seeds and the order.
 func serviceCell(ctx context.Context, cfg ServiceConfig, h *harness, s Strategy, svcs, loaders []*service, spec workload.Spec,
 	ids []string, index int, prog *progress) ([]report.ServiceCell, error) {
 	if err := spec.Validate(); err != nil {
@@ -387,7 +388,7 @@ func serviceCell(ctx context.Context, cfg ServiceConfig, h *harness, s Strategy,
 		for i := range turns {
 			turns[i] = i
 		}
-		if r%2 == 1 {
+		if reversed(index, r) {
 			slices.Reverse(turns)
 		}
 		for _, i := range turns {
@@ -418,7 +419,7 @@ func serviceCell(ctx context.Context, cfg ServiceConfig, h *harness, s Strategy,
 		}
 		for i := range cells {
 			rep := report.ServiceRep{
-				ServiceFirst: r%2 == 0, Service: runs[i], Store: store,
+				ServiceFirst: !reversed(index, r), Service: runs[i], Store: store,
 				ShareOfStore: runs[i].CyclesPerSec / store.GrantsPerSec,
 			}
 			if runs[0].CyclesPerSec > 0 {

@@ -104,7 +104,8 @@ type conn struct {
 	store  optimistic.LeaseStore
 	target Target
 	// roundTrips counts requests sent to Redis: a command or a whole
-	// pipeline is one. Zero for SQLite.
+	// pipeline is one; a connection's set-up is not counted. Zero for
+	// SQLite.
 	roundTrips *redisproc.RoundTrips
 	close      func() error
 }
@@ -134,9 +135,10 @@ func (l location) open(ctx context.Context, s Strategy) (*conn, error) {
 	return c, nil
 }
 
-// redis returns a client of l's Redis that counts its round trips in rt.
-// On a cluster the nodes count them: a transaction runs on a node's client,
-// and a pipeline split over n nodes is n round trips.
+// redis returns a client of l's Redis that counts its round trips in rt,
+// but for those that set up a connection (countedRoundTrips). On a cluster
+// the nodes count them: a transaction runs on a node's client, and a
+// pipeline split over n nodes is n round trips.
 func (l location) redis(rt *redisproc.RoundTrips) (redis.UniversalClient, error) {
 	if l.Cluster {
 		opt, err := redis.ParseClusterURL(l.RedisURL)
@@ -145,7 +147,7 @@ func (l location) redis(rt *redisproc.RoundTrips) (redis.UniversalClient, error)
 		}
 		opt.PoolSize = l.PoolSize
 		rdb := redis.NewClusterClient(opt)
-		rdb.OnNewNode(func(node *redis.Client) { node.AddHook(rt) })
+		rdb.OnNewNode(func(node *redis.Client) { node.AddHook(countedRoundTrips{rt}) })
 		return rdb, nil
 	}
 	opt, err := redis.ParseURL(l.RedisURL)
@@ -154,6 +156,6 @@ func (l location) redis(rt *redisproc.RoundTrips) (redis.UniversalClient, error)
 	}
 	opt.PoolSize = l.PoolSize
 	rdb := redis.NewClient(opt)
-	rdb.AddHook(rt)
+	rdb.AddHook(countedRoundTrips{rt})
 	return rdb, nil
 }

@@ -121,3 +121,27 @@ func (s *unsafeStore) Inspect(ctx context.Context, ids ...string) ([]optimistic.
 func (s *unsafeStore) Ping(ctx context.Context) error {
 	return optimistic.Classify(ctx, "ping", s.rdb.Ping(ctx).Err())
 }
+
+// forgetfulStrategy is the WATCH/MULTI store with an expiry bug: it asks
+// Redis for a tenth of the TTL its callers want and tells them the lease
+// lasts all of it. A caller that releases in time never notices; a crashed
+// caller's slot is handed on while its lease should still be live.
+var forgetfulStrategy = bench.Strategy{Name: "forgetful", Redis: true, Open: func(_ context.Context, t bench.Target) (optimistic.LeaseStore, error) {
+	store, err := optimistic.New(t.Redis, &optimistic.Options{Prefix: t.Prefix})
+	if err != nil {
+		return nil, err
+	}
+	return forgetfulStore{store}, nil
+}}
+
+type forgetfulStore struct{ optimistic.LeaseStore }
+
+func (s forgetfulStore) Allocate(ctx context.Context, req optimistic.AllocateRequest) (optimistic.Lease, optimistic.Stats, error) {
+	ttl := req.TTL
+	req.TTL /= 10
+	lease, st, err := s.LeaseStore.Allocate(ctx, req)
+	if err == nil {
+		lease.Until = lease.Until.Add(ttl - req.TTL)
+	}
+	return lease, st, err
+}

@@ -87,7 +87,7 @@ func (r *Report) markdownWaiting(b *strings.Builder) {
 		"Figures are medians over the repetitions, retrying / waiting. Time to grant runs from a caller's first call " +
 		"for a grant to the grant, \"no slot\" answers, pauses and time in line included. Requests per grant are every " +
 		"request sent to Redis (each command, pipeline or MULTI…EXEC once, the SPUBLISH of a release riding in its " +
-		"MULTI; plus the SSUBSCRIBE/SUNSUBSCRIBE of the pub/sub connections), releases included, over the grants. " +
+		"round trip, after its MULTI…EXEC; plus the SSUBSCRIBE/SUNSUBSCRIBE of the pub/sub connections), releases included, over the grants. " +
 		"Max/min is the most grants of one caller over the fewest: ∞ when a caller got none.\n\n")
 	head := []string{"strategy", "scenario", "limit", "workers", "procs", "pause", "wait",
 		"time to grant p99 (ms)", "retry/wait", "grants/s", "wait/retry", "requests/grant", "max/min grants per caller"}
@@ -243,7 +243,7 @@ func (r *Report) reps() int {
 func (r *Report) markdownSideBySide(b *strings.Builder) {
 	b.WriteString("## Side by side\n\n")
 	if n := r.reps(); n > 1 {
-		fmt.Fprintf(b, "Every cell ran %d times, the strategies in turn in one order and then the reverse; "+
+		fmt.Fprintf(b, "Every cell ran %d times, the strategies in turn in one order, then the reverse, alternately (every other cell starting with the reverse); "+
 			"a figure is the median of the repetitions, with their range (min–max) in brackets.", n)
 	} else {
 		b.WriteString("Every cell ran once: a figure is that run's, with no spread to judge its noise by.")

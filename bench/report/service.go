@@ -72,7 +72,8 @@ type ServiceCell struct {
 // run.
 type ServiceRep struct {
 	// ServiceFirst says the service ran before the store; repetitions
-	// alternate, so neither order is always favoured.
+	// alternate, and every other cell starts with the store, so neither
+	// order is favoured.
 	ServiceFirst bool       `json:"service_first"`
 	Service      ServiceRun `json:"service"`
 	// Store is the lease store alone under the bench harness, with the

@@ -8,9 +8,10 @@ import (
 
 // Holders is the harness's own count of callers holding each key, kept
 // apart from any store. A caller adds itself right after a grant and
-// removes itself before it releases (a crashing caller at once, since it
-// stops using the key), so for a correct store the count never exceeds the
-// limit; a count above it is an oversold slot. Holders is safe for
+// removes itself before it releases (a crashed caller's lease counts until
+// shortly before it expires, since its slot is taken until then), so for a
+// correct store the count never exceeds the limit; a count above it is an
+// oversold slot. Holders is safe for
 // concurrent use, and one made by OpenHolders is shared with every process
 // that opens the same file.
 type Holders struct {

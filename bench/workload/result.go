@@ -17,7 +17,8 @@ type Result struct {
 	// failed releases.
 	Released, Crashed, Lost, ReleaseErrors int64
 	// Offered is how many calls an open loop was to start within Duration;
-	// fewer Calls mean the callers could not keep up. Zero in a closed loop.
+	// fewer Calls mean the callers could not keep up: the calls still due
+	// when the run ended were never made. Zero in a closed loop.
 	Offered int64
 	// Violations counts grants the audit refused: the key's holder count
 	// went above its limit, or the key was not among the candidates.

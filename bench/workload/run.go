@@ -22,6 +22,11 @@ var ErrCannotWait = errors.New("workload: waiting callers need a store that wait
 // no held slot is left behind.
 const releaseTimeout = 10 * time.Second
 
+// expiryGrace is how long before its lease expires a crashed holder stops
+// counting, so that a late timer never blames a store that hands the slot
+// on when the lease expires.
+const expiryGrace = 100 * time.Millisecond
+
 // Run drives store with spec until spec.Duration has passed, spec.Ops calls
 // were made or ctx ends, and returns what happened. The keys must already be
 // in the store (Spec.Key). Every grant goes through holders, the audit;
@@ -77,6 +82,7 @@ func Run(ctx context.Context, store optimistic.LeaseStore, spec Spec, holders *H
 	}
 	wg.Wait()
 	r.res.Elapsed = time.Since(r.start)
+	r.stopExpiries()
 	return r.res, nil
 }
 
@@ -90,21 +96,32 @@ type runner struct {
 	start, deadline time.Time
 	started         atomic.Int64 // calls claimed so far
 
-	mu  sync.Mutex // guards res
-	res *Result
+	// expiring counts the crashed holders whose drop is neither made nor
+	// stopped yet.
+	expiring sync.WaitGroup
+
+	mu       sync.Mutex // guards res and expiries
+	res      *Result
+	expiries []*time.Timer // the crashed holders' drops
 }
 
 // claim takes the next call: it returns the instant the call is meant to
 // start (open loop: on the rate's schedule, waiting for it if early;
-// closed loop: now), or false when the run is over.
+// closed loop: now), or false when the run is over. An open loop's call
+// that was due before the end but is claimed after it is not made: the
+// callers fell behind, and working through their backlog would run past
+// Duration.
 func (r *runner) claim(ctx context.Context) (time.Time, bool) {
 	n := r.started.Add(1)
 	if r.spec.Ops > 0 && n > r.spec.Ops {
 		return time.Time{}, false
 	}
+	now := time.Now()
+	if !now.Before(r.deadline) || ctx.Err() != nil {
+		return time.Time{}, false
+	}
 	if r.spec.Rate == 0 {
-		now := time.Now()
-		return now, now.Before(r.deadline) && ctx.Err() == nil
+		return now, true
 	}
 	intended := r.start.Add(time.Duration(float64(n-1) / r.spec.Rate * float64(time.Second)))
 	if !intended.Before(r.deadline) {
@@ -204,7 +221,8 @@ func (r *runner) unserved(wait time.Duration) {
 }
 
 // hold uses a granted slot under the audit, then releases it, or crashes:
-// stops using it and leaves the lease to expire.
+// stops using it and leaves the lease to expire, and the audit counts it
+// until then.
 func (r *runner) hold(ctx context.Context, local *Result, p *picker, rng *rand.Rand, clock *holdClock, lease optimistic.Lease, cands []string) {
 	if !slices.Contains(cands, lease.KeyID) {
 		r.violation(local, fmt.Sprintf("granted %s, which was not among the candidates %v", lease.KeyID, cands))
@@ -218,7 +236,8 @@ func (r *runner) hold(ctx context.Context, local *Result, p *picker, rng *rand.R
 		r.violation(local, fmt.Sprintf("%d holders of %s, limit %d", n, lease.KeyID, r.spec.Limit))
 	}
 	if rng.Float64() < r.spec.CrashShare {
-		r.holders.Drop(i)
+		// The slot stays taken until the lease expires, used or not.
+		r.dropAt(i, lease.Until.Add(-expiryGrace))
 		local.Crashed++
 		return
 	}
@@ -247,6 +266,32 @@ func (r *runner) hold(ctx context.Context, local *Result, p *picker, rng *rand.R
 			local.FirstError = "release: " + err.Error()
 		}
 	}
+}
+
+// dropAt counts a holder of key i fewer at the instant at.
+func (r *runner) dropAt(i int, at time.Time) {
+	r.expiring.Add(1)
+	t := time.AfterFunc(time.Until(at), func() {
+		defer r.expiring.Done()
+		r.holders.Drop(i)
+	})
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.expiries = append(r.expiries, t)
+}
+
+// stopExpiries stops the drops still to come, and waits for those under
+// way, once every caller has stopped: the leases are live still, and the
+// holder count may be unmapped once Run returns.
+func (r *runner) stopExpiries() {
+	r.mu.Lock()
+	for _, t := range r.expiries {
+		if t.Stop() {
+			r.expiring.Done()
+		}
+	}
+	r.mu.Unlock()
+	r.expiring.Wait()
 }
 
 func (r *runner) violation(local *Result, msg string) {

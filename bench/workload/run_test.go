@@ -51,29 +51,52 @@ func TestRunClosedLoopStopsAfterOps(t *testing.T) {
 	require.Zero(t, infos[0].Live, "every grant was released")
 }
 
-// The schedule alone decides how many calls an open loop starts: every
-// intended start before the end of the run, however late it runs.
+// The schedule alone decides how many calls an open loop offers: every
+// intended start before the end of the run. Callers that keep up make them
+// all, but for the few a stalled machine may leave due at the end.
 func TestRunOpenLoopOffersAtRate(t *testing.T) {
 	s := spec()
 	s.Rate, s.Duration = 1000, 100*time.Millisecond
 	res := run(t, newMemStore(), s)
 	require.Equal(t, int64(100), res.Offered)
-	require.Equal(t, int64(100), res.Calls)
+	require.LessOrEqual(t, res.Calls, res.Offered)
+	require.Greater(t, res.Calls, res.Offered/2)
+}
+
+// A store that cannot keep up does not stretch the run: two callers
+// against a store that takes 20ms per call make at most 25 calls each
+// before the end (sleeps never end early), of the 250 offered, and stop
+// once the call in hand returns, where working through every offered call
+// took 2.5s.
+func TestRunOpenLoopEndsOnTime(t *testing.T) {
+	store := newMemStore()
+	store.delay = 20 * time.Millisecond
+	s := spec()
+	s.Keys, s.Limit, s.Candidates, s.Choice = 100, 100, 1, Uniform
+	s.Workers, s.Rate, s.Duration = 2, 500, 500*time.Millisecond
+	res := run(t, store, s)
+	require.Equal(t, int64(250), res.Offered)
+	require.LessOrEqual(t, res.Calls, int64(50))
+	require.Equal(t, res.Calls, res.Grants+res.NoSlot+res.GiveUps+res.Errors)
+	require.Equal(t, res.Calls, res.Latency.h.TotalCount())
+	require.Less(t, res.Elapsed, s.Duration+time.Second, "the last calls start before the end")
 }
 
 // No coordinated omission: one caller against a store that takes 5ms per
 // call cannot keep a 1ms schedule, and the late calls' latency counts from
-// when they were due. The 20th call was due at 19ms but cannot start before
-// 19×5ms, so it is at least 76ms+5ms late; sleeps never end early, so the
-// bound holds on any machine.
+// when they were due. Call k was due at k-1 ms but cannot start before
+// (k-1)×5ms, so it returns at least 4(k-1)+5 ms after it was due; sleeps
+// never end early, so the bound holds on any machine. The calls still due
+// when the run ends are not made.
 func TestRunOpenLoopLatencyFromIntendedStart(t *testing.T) {
 	store := newMemStore()
 	store.delay = 5 * time.Millisecond
 	s := spec()
-	s.Workers, s.Rate, s.Duration = 1, 1000, 20*time.Millisecond
+	s.Workers, s.Rate, s.Duration = 1, 1000, 100*time.Millisecond
 	res := run(t, store, s)
-	require.Equal(t, int64(20), res.Calls)
-	require.GreaterOrEqual(t, res.Latency.Max(), 80*time.Millisecond)
+	require.Positive(t, res.Calls)
+	require.LessOrEqual(t, res.Calls, int64(20), "none starts after the end")
+	require.GreaterOrEqual(t, res.Latency.Max(), time.Duration(4*(res.Calls-1)+5)*time.Millisecond)
 
 	closed := spec()
 	closed.Workers, closed.Ops = 1, 20
@@ -109,7 +132,7 @@ func TestRunCrashedHoldersLeaveLeases(t *testing.T) {
 	require.Equal(t, int64(2), res.Crashed)
 	require.Zero(t, res.Released)
 	require.Equal(t, int64(48), res.NoSlot)
-	require.Zero(t, res.Violations, "crashed holders stop using the key at once")
+	require.Zero(t, res.Violations, "the crashed holders count until their leases expire, after the run")
 }
 
 // The audit on its own: a store that ignores limits is caught.

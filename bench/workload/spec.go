@@ -78,12 +78,14 @@ type Spec struct {
 	// Ops, when positive, ends the run after that many Allocate calls.
 	Ops int64
 	// Rate, when positive, makes it an open loop: Allocate calls start at
-	// Rate per second, each at its own intended instant. Zero is a closed
-	// loop.
+	// Rate per second, each at its own intended instant. A call due before
+	// the end that no caller is free to start by then is not made. Zero is
+	// a closed loop.
 	Rate float64
 	// CrashShare is the share of grants whose holder dies: it stops using
 	// the key at once and never releases, so the slot comes back only when
-	// the lease expires.
+	// the lease expires. The audit counts it as a holder until 100ms
+	// before then.
 	CrashShare float64
 	// TTL is the lease length. It must outlast any hold by far: a lease
 	// that expires while held would let the store grant the slot again,

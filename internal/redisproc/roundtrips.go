@@ -24,7 +24,10 @@ func (r *RoundTrips) Reset() {
 	r.Pipelines.Store(0)
 }
 
-// DialHook counts nothing: connection set-up is not a request.
+// DialHook counts nothing: dialing sends no command. go-redis sends a new
+// connection's handshake (HELLO, CLIENT SETINFO, …) through ProcessHook
+// and ProcessPipelineHook, so it is counted; the benchmark leaves it out
+// (bench/roundtrips.go).
 func (r *RoundTrips) DialHook(next redis.DialHook) redis.DialHook { return next }
 
 // ProcessHook counts a lone command.
