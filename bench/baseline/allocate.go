@@ -21,8 +21,9 @@ import (
 //
 // With Options.Gate, each run holds its candidate's turn in this process,
 // and a candidate whose turn another call holds is tried after the others,
-// waiting for it then, as the optimistic store does for keys whose turn
-// is taken: the order is then a preference, as there.
+// and waited for only once every candidate left is busy, as the
+// optimistic store does for keys whose turn is taken: the order is then a
+// preference, as there.
 //
 // On error no lease is held, unless a granting run's reply was lost and
 // go-redis did not resend it; that lease expires by itself after TTL.
@@ -47,16 +48,24 @@ func (s *Store) Allocate(ctx context.Context, req optimistic.AllocateRequest) (o
 	for i, id := range req.Candidates {
 		queue[i] = step{keyID: id}
 	}
+	// busy counts the candidates found busy one after the other: the call
+	// waits for a turn only once every candidate left is busy, as the
+	// optimistic store's does (which then waits for the one likely to
+	// come free first by its hold-offs; a script loses no races, so here
+	// that is the first).
+	busy := 0
 	for i := 0; i < len(queue); i++ {
 		keyID := queue[i].keyID
-		release, ok, err := s.enter(ctx, keyID, queue[i].wait)
+		release, ok, err := s.enter(ctx, keyID, queue[i].wait && busy >= len(queue)-i)
 		if err != nil {
 			return optimistic.Lease{}, st, optimistic.Classify(ctx, "allocate", err)
 		}
 		if !ok {
+			busy++
 			queue = append(queue, step{keyID: keyID, wait: true})
 			continue
 		}
+		busy = 0
 		st.Attempts++
 		res, err := s.claim(ctx, req, keyID, leaseID)
 		release()

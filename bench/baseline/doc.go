@@ -19,10 +19,12 @@
 // benchmark can compare the two with everything else equal (lua+gate
 // against optimistic, lua against optimistic-nogate): a run holds its
 // candidate's turn in this process (internal/keygate), and a candidate
-// whose turn another call holds goes to the back of the call's list and
-// is waited for there. Each script run already covers one candidate, as
-// each WATCH transaction does, so the gated loop is the optimistic
-// store's, minus the conflicts a script cannot have. A script cannot be
+// whose turn another call holds goes to the back of the call's list, and
+// is waited for only once every candidate left is busy. Each script run
+// already covers one candidate, as each WATCH transaction does, so the
+// gated loop is the optimistic store's, minus the conflicts a script
+// cannot have (and so the hold-offs that pick which busy key to wait
+// for: here the first). A script cannot be
 // oversold either way; what the turn changes is how many runs a hot key's
 // callers spend finding it full.
 //

@@ -141,6 +141,53 @@ func TestGatedAllocateTriesBusyKeyLast(t *testing.T) {
 	require.Zero(t, s.gates.Len(), "no gate outlives its use")
 }
 
+// A busy candidate met again is waited for only once every candidate left
+// is busy: one that came free meanwhile is taken, as the optimistic store
+// does, not left behind the first busy one.
+func TestGatedAllocateWaitsOnlyWhenAllLeftAreBusy(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t).(*redis.Client)
+	s, err := New(rdb, &Options{Gate: true})
+	require.NoError(t, err)
+	ctx := t.Context()
+	for _, id := range []string{"a", "b", "c"} {
+		require.NoError(t, s.SyncKey(ctx, optimistic.KeyState{
+			ID: id, Provider: "openai", Pool: "default", Status: optimistic.StatusAvailable, MaxConcurrentUses: 1,
+		}))
+	}
+	_, _, err = s.Allocate(ctx, optimistic.AllocateRequest{Provider: "openai", Pool: "default", Candidates: []string{"c"}, TTL: time.Minute})
+	require.NoError(t, err)
+	releaseA, err := s.gates.Enter(ctx, "a")
+	require.NoError(t, err)
+	defer releaseA()
+	releaseB, err := s.gates.Enter(ctx, "b")
+	require.NoError(t, err)
+	// b comes free while c, full, is read.
+	rdb.AddHook(onScript{run: sync.OnceFunc(releaseB)})
+	short, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	l, st, err := s.Allocate(short, optimistic.AllocateRequest{Provider: "openai", Pool: "default", Candidates: []string{"a", "b", "c"}, TTL: time.Minute})
+	require.NoError(t, err, "not stuck behind a")
+	require.Equal(t, "b", l.KeyID)
+	require.Equal(t, 2, st.Attempts, "c, then b")
+}
+
+// onScript runs run when a script runs, before it is sent.
+type onScript struct{ run func() }
+
+func (onScript) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h onScript) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if cmd.Name() == "evalsha" || cmd.Name() == "eval" {
+			h.run()
+		}
+		return next(ctx, cmd)
+	}
+}
+func (onScript) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
 // Many callers of one gated store on one hot key: never more holders than
 // the limit, every call either granted or told no slot, and no gate left.
 func TestGatedNeverOversells(t *testing.T) {
