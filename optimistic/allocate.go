@@ -292,6 +292,10 @@ func (a *allocation) try(ctx context.Context, c *conns, keyID string, wait bool)
 			members = append(members, tk.member)
 		}
 		a.giveBackMembers(ctx, keyID, members...)
+		if a.pending == keyID {
+			// The lease a lost reply left is given back: settled.
+			a.pending = ""
+		}
 		return false, err
 	}
 	settleTickets(v.batch, v.granted, errors.Is(err, errRecheck))
