@@ -3,6 +3,7 @@ package handlers
 import (
 	"fmt"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/gin-gonic/gin"
@@ -100,8 +101,8 @@ func (req putKeyRequest) key(c *gin.Context, prefix, id string) (catalog.Key, bo
 		invalid(c, prefix+"status", "want available, pending, disabled, exhausted, rate_limited or cooldown")
 		return catalog.Key{}, false
 	}
-	if req.Secret == "" {
-		invalid(c, prefix+"secret", "required")
+	if strings.TrimSpace(string(req.Secret)) == "" {
+		invalid(c, prefix+"secret", "required, not blank")
 		return catalog.Key{}, false
 	}
 	// The catalog checks these too; here the answer names the field.
@@ -264,6 +265,16 @@ func (a adminAPI) setAlias(c *gin.Context) {
 		return
 	}
 	provider, alias := c.Param("provider"), c.Param("alias")
+	// The catalog checks these too; here the answer names the field.
+	if !validID(c, "provider", provider) {
+		return
+	}
+	for _, f := range []struct{ name, v string }{{"alias", alias}, {"model", req.Model}} {
+		if catalog.CheckModel(f.name, f.v) != nil {
+			invalid(c, f.name, "required, at most 256 characters, no spaces or control characters")
+			return
+		}
+	}
 	if err := a.admin.SetAlias(c.Request.Context(), provider, alias, req.Model); err != nil {
 		failErr(c, err)
 		return

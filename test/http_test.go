@@ -289,6 +289,12 @@ func errCode(out map[string]any) string {
 	return code
 }
 
+func errField(out map[string]any) string {
+	e, _ := out["error"].(map[string]any)
+	field, _ := e["field"].(string)
+	return field
+}
+
 func leaseBody(grant map[string]any) map[string]any {
 	return map[string]any{"provider": "openai", "pool": grant["pool"], "key_id": grant["key_id"], "lease_id": grant["lease_id"]}
 }
@@ -480,6 +486,14 @@ func TestHTTPErrorsEchoNoValues(t *testing.T) {
 	code, out := s.admin(t, http.MethodPut, "aliases/openai/gpt-4o", map[string]any{"model": invalid})
 	require.Equal(t, http.StatusBadRequest, code, "%v", out)
 	require.NotContains(t, fmt.Sprint(out), invalid)
+	require.Equal(t, "model", errField(out))
+	require.NotContains(t, fmt.Sprint(out), "optimistic:", "in the API's words")
+	code, out = s.admin(t, http.MethodPut, "aliases/openai/a%20b", map[string]any{"model": "m"})
+	require.Equal(t, http.StatusBadRequest, code, "%v", out)
+	require.Equal(t, "alias", errField(out))
+	code, out = s.admin(t, http.MethodPut, "keys/k", map[string]any{"provider": "openai", "pool": "default", "models": []string{"m"}, "secret": " \t "})
+	require.Equal(t, http.StatusBadRequest, code, "a blank secret: %v", out)
+	require.Equal(t, "secret", errField(out))
 	code, _, out = s.internal(t, "allocate-key", map[string]any{"provider": "openai", "model": "m", "lease_seconds": pasted})
 	require.Equal(t, http.StatusBadRequest, code)
 	require.NotContains(t, fmt.Sprint(out), pasted)

@@ -134,6 +134,7 @@ func TestPutValidation(t *testing.T) {
 			{"empty model", func(k *catalog.Key) { k.Models = []string{"gpt-4o", ""} }, "model"},
 			{"padded model", func(k *catalog.Key) { k.Models = []string{" gpt-4o"} }, "model"},
 			{"no secret", func(k *catalog.Key) { k.Secret = "" }, "secret"},
+			{"a blank secret", func(k *catalog.Key) { k.Secret = " \t" }, "secret"},
 			{"zero limit", func(k *catalog.Key) { k.MaxConcurrentUses = 0 }, "max_concurrent_uses"},
 			{"negative successes", func(k *catalog.Key) { k.Successes = -1 }, "successes"},
 			{"negative errors", func(k *catalog.Key) { k.Errors = -1 }, "errors"},

@@ -2,6 +2,7 @@ package catalog
 
 import (
 	"fmt"
+	"strings"
 	"unicode"
 
 	"github.com/credpool/credpool/optimistic"
@@ -25,8 +26,8 @@ func validate(k Key) error {
 			return fmt.Errorf("%w (key %s)", err, k.ID)
 		}
 	}
-	if k.Secret == "" {
-		return invalidf("secret of key %s: want non-empty", k.ID)
+	if strings.TrimSpace(string(k.Secret)) == "" {
+		return invalidf("secret of key %s: want non-blank", k.ID)
 	}
 	if k.MaxConcurrentUses < 1 {
 		return invalidf("max_concurrent_uses %d of key %s: want at least 1", k.MaxConcurrentUses, k.ID)
