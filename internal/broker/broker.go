@@ -183,6 +183,9 @@ type Broker struct {
 	inspect  int
 	live     *live
 	backlog  *backlog
+	// unopened holds, by key id, until when a key whose secret did not
+	// open here is ranked last (see confirm).
+	unopenedKeys sync.Map // key id → time.Time
 
 	mu  sync.Mutex // guards rng
 	rng *rand.Rand
@@ -528,6 +531,7 @@ func (b *Broker) allocatePools(ctx context.Context, req Request, model string) (
 		gone      bool // a granted key was found gone (see poolRun.gone)
 		contended bool
 		down      error                    // the first pool that met an unreachable server
+		unopened  error                    // the first pool that passed over a secret that does not open here
 		stuck     int                      // releases on full candidates that wait for the store
 		wait      optimistic.CapacityError // the soonest a slot frees up
 	)
@@ -561,6 +565,9 @@ func (b *Broker) allocatePools(ctx context.Context, req Request, model string) (
 			// Nor is a pool whose free keys may be on a server that is down:
 			// the fallbacks' may answer.
 			down = cmp.Or(down, err)
+		case errors.Is(err, catalog.ErrSecret):
+			// Nor a key this instance cannot hand out.
+			unopened = cmp.Or(unopened, err)
 		default:
 			return Grant{Stats: g.Stats}, err
 		}
@@ -589,6 +596,9 @@ func (b *Broker) allocatePools(ctx context.Context, req Request, model string) (
 		// Full would be a lie: the keys that could not be reached may have
 		// room.
 		return Grant{Stats: g.Stats}, down
+	case unopened != nil:
+		// Nor when a key passed over may have room.
+		return Grant{Stats: g.Stats}, unopened
 	case contended:
 		return Grant{Stats: g.Stats}, fmt.Errorf("%w: provider %s, pools %v", optimistic.ErrContended, req.Provider, pools)
 	case wait.FreeAt.IsZero():

@@ -907,18 +907,13 @@ func TestRenew(t *testing.T) {
 // handing the secret out needs it.
 func TestRenewReadsNoSecret(t *testing.T) {
 	e := newEnv(t, key("a", "default", 1))
-	sealer := func(b byte) *catalog.Sealer {
-		s, err := catalog.NewSealer(bytes.Repeat([]byte{b}, 32))
-		require.NoError(t, err)
-		return s
-	}
-	sealed, err := catalog.New(t.Context(), e.db, &catalog.Options{Sealer: sealer(1)})
+	sealed, err := catalog.New(t.Context(), e.db, &catalog.Options{Sealer: testSealer(t, 1)})
 	require.NoError(t, err)
 	_, err = sealed.Put(t.Context(), key("a", "default", 1))
 	require.NoError(t, err)
 	g := allocate(t, e.broker(cache(t, sealed), e.store), req("default"))
 
-	other, err := catalog.New(t.Context(), e.db, &catalog.Options{Sealer: sealer(2)})
+	other, err := catalog.New(t.Context(), e.db, &catalog.Options{Sealer: testSealer(t, 2)})
 	require.NoError(t, err)
 	_, err = other.Get(t.Context(), "a")
 	require.Error(t, err, "the secret does not open here")
@@ -932,16 +927,11 @@ func TestRenewReadsNoSecret(t *testing.T) {
 // only that key could have room, the answer is that failure, never 429.
 func TestUnopenedSecretPassesTheKeyOver(t *testing.T) {
 	e := newEnv(t, key("bad", "default", 50), key("good", "default", 5))
-	sealer := func(b byte) *catalog.Sealer {
-		s, err := catalog.NewSealer(bytes.Repeat([]byte{b}, 32))
-		require.NoError(t, err)
-		return s
-	}
-	sealed, err := catalog.New(t.Context(), e.db, &catalog.Options{Sealer: sealer(1)})
+	sealed, err := catalog.New(t.Context(), e.db, &catalog.Options{Sealer: testSealer(t, 1)})
 	require.NoError(t, err)
 	_, err = sealed.Put(t.Context(), key("bad", "default", 50))
 	require.NoError(t, err)
-	here, err := catalog.New(t.Context(), e.db, &catalog.Options{Sealer: sealer(2)})
+	here, err := catalog.New(t.Context(), e.db, &catalog.Options{Sealer: testSealer(t, 2)})
 	require.NoError(t, err)
 	var logs bytes.Buffer
 	b := broker.New(cache(t, here), e.store, &broker.Options{Requests: e.requests, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
@@ -953,11 +943,38 @@ func TestUnopenedSecretPassesTheKeyOver(t *testing.T) {
 	}
 	require.Contains(t, logs.String(), "key passed over", "the bad key, ranked first by its free slots, was granted and given back")
 	require.Contains(t, logs.String(), "key_id=bad")
+	require.Equal(t, 1, strings.Count(logs.String(), "grant given back"), "then ranked last, behind the key with room")
 	_, err = b.Allocate(t.Context(), req("default"))
 	require.ErrorIs(t, err, catalog.ErrSecret)
 	require.ErrorIs(t, err, optimistic.ErrStore)
 	require.NotErrorIs(t, err, optimistic.ErrNoCapacity)
 	require.Zero(t, e.live(t, "bad"), "every grant of it given back")
+	require.Equal(t, 1, strings.Count(logs.String(), "key passed over"), "warned of once")
+}
+
+// A pool whose only key's secret does not open here falls back as a full
+// one does: vip borrows default.
+func TestUnopenedSecretFallsBack(t *testing.T) {
+	e := newEnv(t, key("bad", "vip", 1), key("good", "default", 1))
+	sealed, err := catalog.New(t.Context(), e.db, &catalog.Options{Sealer: testSealer(t, 1)})
+	require.NoError(t, err)
+	_, err = sealed.Put(t.Context(), key("bad", "vip", 1))
+	require.NoError(t, err)
+	here, err := catalog.New(t.Context(), e.db, &catalog.Options{Sealer: testSealer(t, 2)})
+	require.NoError(t, err)
+	b := e.broker(cache(t, here), e.store)
+	g := allocate(t, b, req("vip"))
+	require.Equal(t, "good", g.KeyID)
+	_, err = b.Allocate(t.Context(), req("vip"))
+	require.ErrorIs(t, err, catalog.ErrSecret, "default full, vip's key passed over: not 429")
+	require.NotErrorIs(t, err, optimistic.ErrNoCapacity)
+}
+
+func testSealer(t *testing.T, b byte) *catalog.Sealer {
+	t.Helper()
+	s, err := catalog.NewSealer(bytes.Repeat([]byte{b}, 32))
+	require.NoError(t, err)
+	return s
 }
 
 // status returns a change that sets key a's status and cooldown end in the

@@ -234,7 +234,26 @@ func (p *poolRun) rank(ctx context.Context, cands []catalog.Key) ([]string, map[
 		}
 	}
 	out := append(free, order[len(top):]...)
-	return append(append(out, full...), down...), read, nil
+	return p.unopenedLast(append(append(out, full...), down...), now), read, nil
+}
+
+// unopenedFor is how long a key whose secret did not open here is ranked
+// last: tried only when no other key has room, and warned of once.
+const unopenedFor = time.Minute
+
+// unopenedLast moves the keys whose secret did not open here within
+// unopenedFor to the end of order.
+func (p *poolRun) unopenedLast(order []string, now time.Time) []string {
+	var last []string
+	out := order[:0]
+	for _, id := range order {
+		if until, ok := p.unopenedKeys.Load(id); ok && now.Before(until.(time.Time)) {
+			last = append(last, id)
+		} else {
+			out = append(out, id)
+		}
+	}
+	return append(out, last...)
 }
 
 // mirror quarantines k in the catalog, which the store holds back, by in,
@@ -423,8 +442,11 @@ func (p *poolRun) confirm(ctx context.Context, lease optimistic.Lease) (bool, er
 		reason, p.gone = "deleted", true
 	case errors.Is(err, catalog.ErrSecret):
 		// The others may open: the pool is not down for one key sealed
-		// with a sealing key this instance lacks.
-		p.log.WarnContext(ctx, "secret does not open here: key passed over", "key_id", lease.KeyID, "err", err)
+		// with a sealing key this instance lacks. It is ranked last for a
+		// while, and warned of once then.
+		if until, ok := p.unopenedKeys.Swap(lease.KeyID, now.Add(unopenedFor)); !ok || !now.Before(until.(time.Time)) {
+			p.log.WarnContext(ctx, "secret does not open here: key passed over, ranked last for a while", "key_id", lease.KeyID, "err", err)
+		}
 		p.giveBack(ctx, lease, "secret does not open")
 		if p.unopened == nil {
 			p.unopened = catalogErr(ctx, "open the key's secret", err)
