@@ -3,6 +3,7 @@ package handlers
 import (
 	"fmt"
 	"net/http"
+	"net/url"
 	"strings"
 	"time"
 
@@ -71,7 +72,7 @@ func opt(t time.Time) *time.Time {
 }
 
 func (a adminAPI) put(c *gin.Context) {
-	id := c.Param("id")
+	id := param(c, "id")
 	if !validID(c, "id", id) {
 		return
 	}
@@ -191,7 +192,7 @@ func (a adminAPI) putMany(c *gin.Context) {
 }
 
 func (a adminAPI) get(c *gin.Context) {
-	id := c.Param("id")
+	id := param(c, "id")
 	if !validID(c, "id", id) {
 		return
 	}
@@ -222,7 +223,7 @@ func (a adminAPI) list(c *gin.Context) {
 }
 
 func (a adminAPI) delete(c *gin.Context) {
-	id := c.Param("id")
+	id := param(c, "id")
 	if !validID(c, "id", id) {
 		return
 	}
@@ -235,7 +236,7 @@ func (a adminAPI) delete(c *gin.Context) {
 }
 
 func (a adminAPI) clearLeases(c *gin.Context) {
-	id := c.Param("id")
+	id := param(c, "id")
 	if !validID(c, "id", id) {
 		return
 	}
@@ -264,7 +265,7 @@ func (a adminAPI) setAlias(c *gin.Context) {
 	if !decode(c, &req) {
 		return
 	}
-	provider, alias := c.Param("provider"), c.Param("alias")
+	provider, alias := param(c, "provider"), param(c, "alias")
 	// The catalog checks these too; here the answer names the field.
 	if !validID(c, "provider", provider) {
 		return
@@ -280,4 +281,16 @@ func (a adminAPI) setAlias(c *gin.Context) {
 		return
 	}
 	c.JSON(http.StatusOK, gin.H{"provider": provider, "alias": alias, "model": req.Model})
+}
+
+// param is c's path parameter name as the caller meant it: gin leaves the
+// parameters of a path matched raw (one holding an escape such as %2F)
+// escaped, and those of any other path unescaped.
+func param(c *gin.Context, name string) string {
+	v := c.Param(name)
+	if c.Request.URL.RawPath != "" {
+		// Its escapes are valid: net/url keeps no RawPath otherwise.
+		v, _ = url.PathUnescape(v)
+	}
+	return v
 }

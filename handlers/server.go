@@ -133,8 +133,11 @@ func New(cfg Config) (http.Handler, error) {
 	// A path near a route is no route (404 as JSON), not a redirect to it.
 	r.RedirectTrailingSlash = false
 	// Routes match the path as sent, so that an escaped "/" (%2F) stays
-	// inside its segment: aliases may hold one (org/model).
+	// inside its segment: aliases may hold one (org/model). gin would
+	// unescape such a path's parameters as a query's, "+" as a space:
+	// param unescapes them as a path's.
 	r.UseRawPath = true
+	r.UnescapePathValues = false
 	r.Use(recovery(cfg.Logger), requestLog(cfg.Logger), deadline(cfg.RequestTimeout))
 	r.NoRoute(func(c *gin.Context) { fail(c, http.StatusNotFound, "not_found", "no such endpoint", "") })
 	r.NoMethod(func(c *gin.Context) {

@@ -881,6 +881,12 @@ func TestHTTPAliasWithASlash(t *testing.T) {
 	require.Equal(t, "meta/llama-3-70b", g["provider_model"])
 	code, out = s.admin(t, http.MethodGet, "keys/k%2Fx", nil)
 	require.Equal(t, http.StatusBadRequest, code, "an id holds no slash: %v", out)
+	// A "+" is a "+" in a path, escapes or not (url.PathEscape keeps it).
+	for path, alias := range map[string]string{"meta%2Fa+b": "meta/a+b", "a+b": "a+b", "a%3Bb+c": "a;b+c"} {
+		code, out = s.admin(t, http.MethodPut, "aliases/openai/"+path, map[string]any{"model": "meta/llama-3-70b"})
+		require.Equal(t, http.StatusOK, code, "%s: %v", path, out)
+		require.Equal(t, alias, out["alias"])
+	}
 }
 
 func TestHTTPRequestIDIsIdempotent(t *testing.T) {
