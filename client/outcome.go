@@ -54,8 +54,8 @@ func CheckResponse(resp *http.Response) error {
 }
 
 // parseRetryAfter reads a Retry-After header: whole seconds or an HTTP
-// date; zero if absent, malformed or past. Seconds past a day are a day,
-// the longest cooldown the service takes (more would overflow a
+// date; zero if absent, malformed or past. Past a day is a day, the
+// longest cooldown the service takes (more seconds would overflow a
 // Duration).
 func parseRetryAfter(v string, now time.Time) time.Duration {
 	if v == "" {
@@ -65,7 +65,7 @@ func parseRetryAfter(v string, now time.Time) time.Duration {
 		return time.Duration(min(max(s, 0), int64(maxRetryAfter/time.Second))) * time.Second
 	}
 	if t, err := http.ParseTime(v); err == nil && t.After(now) {
-		return t.Sub(now)
+		return min(t.Sub(now), maxRetryAfter)
 	}
 	return 0
 }

@@ -113,6 +113,12 @@ func TestCheckResponse(t *testing.T) {
 	require.InDelta(t, time.Hour.Seconds(), up.RetryAfter.Seconds(), 2)
 	require.ErrorAs(t, CheckResponse(resp(429, "soon")), &up)
 	require.Zero(t, up.RetryAfter)
+	// Past a day is a day, the service's longest cooldown; more seconds
+	// than a Duration holds too.
+	require.ErrorAs(t, CheckResponse(resp(429, now.AddDate(10, 0, 0).UTC().Format(http.TimeFormat))), &up)
+	require.Equal(t, 24*time.Hour, up.RetryAfter)
+	require.ErrorAs(t, CheckResponse(resp(429, "99999999999999999999")), &up)
+	require.Equal(t, 24*time.Hour, up.RetryAfter)
 	require.ErrorAs(t, CheckResponse(resp(403, "")), &up)
 	require.Equal(t, 403, up.StatusCode)
 }

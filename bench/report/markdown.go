@@ -332,6 +332,10 @@ func (r *Report) markdownAll(b *strings.Builder) {
 		if run.FirstError != "" {
 			fmt.Fprintf(b, "- %s, %s: first error: %s\n", run.Strategy, cellLabel(run), run.FirstError)
 		}
+		if run.Counts.Offered > run.Counts.Calls {
+			fmt.Fprintf(b, "- %s, %s: made %d of the %d calls offered: the store fell behind, and the latencies are of the calls made only\n",
+				run.Strategy, cellLabel(run), run.Counts.Calls, run.Counts.Offered)
+		}
 		if run.Counts.Lost > 0 {
 			fmt.Fprintf(b, "- %s, %s: %d leases expired while held (raise the ttl): the audit cannot vouch for those slots\n",
 				run.Strategy, cellLabel(run), run.Counts.Lost)

@@ -71,6 +71,19 @@ func TestMarkdownSideBySide(t *testing.T) {
 	require.Contains(t, md, "Every cell ran once")
 }
 
+// An open loop whose store fell behind says how many of the offered calls
+// it made: its latencies leave the others out.
+func TestMarkdownSaysCallsNotMade(t *testing.T) {
+	rep := sample()
+	rep.Runs[0].Loop, rep.Runs[0].Counts.Offered, rep.Runs[0].Counts.Calls = "open", 8000, 2500
+	rep.Runs[1].Loop, rep.Runs[1].Counts.Offered, rep.Runs[1].Counts.Calls = "open", 8000, 8000
+	var b bytes.Buffer
+	require.NoError(t, rep.WriteMarkdown(&b))
+	md := b.String()
+	require.Contains(t, md, "- optimistic, hot open 0/s limit 1, 8 workers, 2 procs: made 2500 of the 8000 calls offered")
+	require.NotContains(t, md, "lua+gate, hot open 0/s limit 1, 8 workers, 2 procs: made")
+}
+
 // Repetitions of a cell make one row: the median with the range, ratios
 // of medians, and only between strategies with the same admission
 // control.

@@ -102,7 +102,13 @@ type runner struct {
 
 	mu       sync.Mutex // guards res and expiries
 	res      *Result
-	expiries []*time.Timer // the crashed holders' drops
+	expiries []expiry // the crashed holders' drops
+}
+
+// expiry is a crashed holder's drop, of key i, due when t fires.
+type expiry struct {
+	t *time.Timer
+	i int
 }
 
 // claim takes the next call: it returns the instant the call is meant to
@@ -277,16 +283,18 @@ func (r *runner) dropAt(i int, at time.Time) {
 	})
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.expiries = append(r.expiries, t)
+	r.expiries = append(r.expiries, expiry{t, i})
 }
 
-// stopExpiries stops the drops still to come, and waits for those under
-// way, once every caller has stopped: the leases are live still, and the
-// holder count may be unmapped once Run returns.
+// stopExpiries makes the drops still to come at once, and waits for those
+// under way, once every caller has stopped: the holder count may be
+// unmapped once Run returns, and other processes sharing it may still
+// grant for a moment, which a holder counted for ever would blame.
 func (r *runner) stopExpiries() {
 	r.mu.Lock()
-	for _, t := range r.expiries {
-		if t.Stop() {
+	for _, e := range r.expiries {
+		if e.t.Stop() {
+			r.holders.Drop(e.i)
 			r.expiring.Done()
 		}
 	}

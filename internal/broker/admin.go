@@ -126,8 +126,9 @@ func (a *Admin) views(ctx context.Context, keys ...catalog.Key) ([]KeyView, erro
 }
 
 // Delete removes the key from the catalog and every trace of it from the
-// store; its leases are lost. catalog.ErrNotFound if it was not in the
-// catalog (the store is cleaned anyway).
+// store; its leases are lost. catalog.ErrNotFound if neither had it: a key
+// only the store had (a delete that reached the catalog but not the
+// store, sent again) is deleted there, and that is a success.
 func (a *Admin) Delete(ctx context.Context, id string) error {
 	if err := optimistic.CheckKeyIDs(id); err != nil {
 		return err
