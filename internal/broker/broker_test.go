@@ -927,14 +927,9 @@ func TestRenewReadsNoSecret(t *testing.T) {
 // only that key could have room, the answer is that failure, never 429.
 func TestUnopenedSecretPassesTheKeyOver(t *testing.T) {
 	e := newEnv(t, key("bad", "default", 50), key("good", "default", 5))
-	sealed, err := catalog.New(t.Context(), e.db, &catalog.Options{Sealer: testSealer(t, 1)})
-	require.NoError(t, err)
-	_, err = sealed.Put(t.Context(), key("bad", "default", 50))
-	require.NoError(t, err)
-	here, err := catalog.New(t.Context(), e.db, &catalog.Options{Sealer: testSealer(t, 2)})
-	require.NoError(t, err)
 	var logs bytes.Buffer
-	b := broker.New(cache(t, here), e.store, &broker.Options{Requests: e.requests, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	b := broker.New(unopenedHere(t, e, key("bad", "default", 50)), e.store,
+		&broker.Options{Requests: e.requests, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 
 	for range 5 {
 		g := allocate(t, b, req("default"))
@@ -944,7 +939,7 @@ func TestUnopenedSecretPassesTheKeyOver(t *testing.T) {
 	require.Contains(t, logs.String(), "key passed over", "the bad key, ranked first by its free slots, was granted and given back")
 	require.Contains(t, logs.String(), "key_id=bad")
 	require.Equal(t, 1, strings.Count(logs.String(), "grant given back"), "then ranked last, behind the key with room")
-	_, err = b.Allocate(t.Context(), req("default"))
+	_, err := b.Allocate(t.Context(), req("default"))
 	require.ErrorIs(t, err, catalog.ErrSecret)
 	require.ErrorIs(t, err, optimistic.ErrStore)
 	require.NotErrorIs(t, err, optimistic.ErrNoCapacity)
@@ -956,18 +951,26 @@ func TestUnopenedSecretPassesTheKeyOver(t *testing.T) {
 // one does: vip borrows default.
 func TestUnopenedSecretFallsBack(t *testing.T) {
 	e := newEnv(t, key("bad", "vip", 1), key("good", "default", 1))
+	b := e.broker(unopenedHere(t, e, key("bad", "vip", 1)), e.store)
+	g := allocate(t, b, req("vip"))
+	require.Equal(t, "good", g.KeyID)
+	_, err := b.Allocate(t.Context(), req("vip"))
+	require.ErrorIs(t, err, catalog.ErrSecret, "default full, vip's key passed over: not 429")
+	require.NotErrorIs(t, err, optimistic.ErrNoCapacity)
+}
+
+// unopenedHere puts bad again, its secret sealed with a sealing key, and
+// returns a catalog cache over e's file that has another: bad's secret
+// does not open through it.
+func unopenedHere(t *testing.T, e *env, bad catalog.Key) *catalog.Cache {
+	t.Helper()
 	sealed, err := catalog.New(t.Context(), e.db, &catalog.Options{Sealer: testSealer(t, 1)})
 	require.NoError(t, err)
-	_, err = sealed.Put(t.Context(), key("bad", "vip", 1))
+	_, err = sealed.Put(t.Context(), bad)
 	require.NoError(t, err)
 	here, err := catalog.New(t.Context(), e.db, &catalog.Options{Sealer: testSealer(t, 2)})
 	require.NoError(t, err)
-	b := e.broker(cache(t, here), e.store)
-	g := allocate(t, b, req("vip"))
-	require.Equal(t, "good", g.KeyID)
-	_, err = b.Allocate(t.Context(), req("vip"))
-	require.ErrorIs(t, err, catalog.ErrSecret, "default full, vip's key passed over: not 429")
-	require.NotErrorIs(t, err, optimistic.ErrNoCapacity)
+	return cache(t, here)
 }
 
 func testSealer(t *testing.T, b byte) *catalog.Sealer {
