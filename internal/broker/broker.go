@@ -183,7 +183,7 @@ type Broker struct {
 	inspect  int
 	live     *live
 	backlog  *backlog
-	// unopened holds, by key id, until when a key whose secret did not
+	// unopenedKeys holds, by key id, until when a key whose secret did not
 	// open here is ranked last (see confirm).
 	unopenedKeys sync.Map // key id → time.Time
 
