@@ -110,6 +110,11 @@ func (s *Sealer) open(id, stored string) (string, error) {
 	tag, b64, ok := strings.Cut(rest, ":")
 	aead := s.keys[tag]
 	if !ok || aead == nil {
+		// The tag is quoted only if it is one: a plaintext secret from
+		// before sealing that merely starts like a sealed one must not be.
+		if len(tag) != 16 || strings.Trim(tag, "0123456789abcdef") != "" {
+			tag = "not a key tag"
+		}
 		return "", fmt.Errorf("%w: key %s: sealed with a key this process does not have (%s)", ErrSecret, id, tag)
 	}
 	raw, err := base64.StdEncoding.DecodeString(b64)

@@ -55,6 +55,26 @@ func TestSecretNeverPrinted(t *testing.T) {
 	})
 }
 
+// A plaintext secret from before sealing that starts like a sealed one
+// ("v1:") is not opened, and the error never quotes a part of it.
+func TestPlaintextLikeSealedIsNeverQuoted(t *testing.T) {
+	db := openDB(t, filepath.Join(t.TempDir(), "credpool.db"))
+	plain, err := catalog.New(t.Context(), db, nil)
+	require.NoError(t, err)
+	k := testKey("k1")
+	k.Secret = "v1:sk-live-TOPSECRET0123456789"
+	put(t, plain, k)
+	sealed, err := catalog.New(t.Context(), db, &catalog.Options{Sealer: sealer(t, key32(1))})
+	require.NoError(t, err)
+	_, err = sealed.Get(t.Context(), "k1")
+	require.ErrorIs(t, err, catalog.ErrSecret)
+	require.NotContains(t, err.Error(), "TOPSECRET")
+	cc := newCache(t, sealed, nil)
+	_, err = cc.Get(t.Context(), "k1")
+	require.ErrorIs(t, err, catalog.ErrSecret)
+	require.NotContains(t, err.Error(), "TOPSECRET")
+}
+
 func sealer(t *testing.T, current []byte, old ...[]byte) *catalog.Sealer {
 	t.Helper()
 	s, err := catalog.NewSealer(current, old...)
