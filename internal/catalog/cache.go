@@ -165,8 +165,10 @@ func positive(d, def time.Duration) time.Duration {
 }
 
 // Close stops the writer, then writes what it holds under ctx. Calls after
-// the first return nil; reads after it fail (ErrStore), and uses noted
-// after it are not written.
+// the first return nil. After it, a read that needs the generation fails
+// (ErrStore): List and ResolveRecent answer from the snapshot until it is
+// older than MaxAge, the others fail at once. Uses noted after it are not
+// written.
 func (c *Cache) Close(ctx context.Context) error {
 	var err error
 	c.closeOnce.Do(func() {
@@ -307,22 +309,25 @@ func (c *Cache) MarkUsed(id string, at time.Time) {
 }
 
 // Report is SQL.Report, with success and error counted in memory and
-// written behind: it checks that the key is in the snapshot as it is (no
-// read: a count never fails because the catalog does), counts the outcome
-// and returns the key from the snapshot, without the counts not yet
-// written. Unlike SQL.Report it does not remember the lease: the caller
+// written behind: it checks that the key is in the snapshot as it is,
+// counts the outcome and returns the key from the snapshot, without the
+// counts not yet written. It reads the catalog only for a key the
+// snapshot does not have (another process may have added it since, and
+// granted it), so a count of a known key never fails because the catalog
+// does. Unlike SQL.Report it does not remember the lease: the caller
 // counts each lease once (the broker counts a success or error only when
 // its release took the lease back). Other outcomes go to SQL.Report.
 func (c *Cache) Report(ctx context.Context, id, leaseID string, o Outcome, retryAfter time.Duration, now time.Time) (Key, error) {
 	if (o != OutcomeSuccess && o != OutcomeError) || leaseID == "" {
 		return c.SQL.Report(ctx, id, leaseID, o, retryAfter, now)
 	}
-	// The snapshot as it is: counting reads nothing, so it cannot fail
-	// because the catalog does; a key deleted meanwhile is skipped by the
-	// flush.
+	// A key deleted after this check is skipped by the flush.
 	k, ok := c.snap.Load().keys[id]
 	if !ok {
-		return Key{}, notFound(id)
+		var err error
+		if _, k, err = c.lookup(ctx, id); err != nil {
+			return Key{}, err
+		}
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()

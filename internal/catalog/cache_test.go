@@ -415,3 +415,21 @@ func TestCacheReloadsAllAfterRestore(t *testing.T) {
 		require.Equal(t, optimistic.StatusDisabled, k.Status)
 	})
 }
+
+// A report of a key another process added after this snapshot was read
+// (granted there, reported here) counts: Report reads the catalog for a
+// key its snapshot does not have.
+func TestCacheReportOfAKeyAddedElsewhere(t *testing.T) {
+	engines(t, func(t *testing.T, db database) {
+		here, there := twoProcesses(t, db)
+		cc := newCache(t, here, &catalog.CacheOptions{MaxAge: time.Hour, FlushEvery: time.Hour})
+		put(t, there, testKey("k1"))
+		k, err := cc.Report(t.Context(), "k1", "lease-1", catalog.OutcomeSuccess, 0, t0)
+		require.NoError(t, err)
+		require.Equal(t, "k1", k.ID)
+		require.NoError(t, cc.Flush(t.Context()))
+		require.Equal(t, int64(1), get(t, there, "k1").Successes)
+		_, err = cc.Report(t.Context(), "nope", "lease-2", catalog.OutcomeSuccess, 0, t0)
+		require.ErrorIs(t, err, catalog.ErrNotFound)
+	})
+}
