@@ -147,17 +147,13 @@ func (s *Store) release(ctx context.Context, rdb redis.UniversalClient, ref Leas
 	leasesKey, m := s.keys.Leases(ref.KeyID), member(ref)
 	body := []cmd{{"time"}, {"zscore", leasesKey, m}, {"zrem", leasesKey, m}, {"del", s.keys.Lease(ref.KeyID, m)}}
 	notice := s.freedFor(ref.KeyID, to)
-	// freed wakes whom the slot is for, if the release freed it. The
-	// notice's reply (how many listened) says whether the store named
-	// may have missed it (fewer listened than were counted on: it
-	// stopped; more: one that was not counted could be passed by), and
-	// a notice that got no reply may have reached nobody: either way
-	// the slot is announced to every listener.
-	freed := func(replies []any, listeners int64, heard bool) {
-		if removed, _ := replies[2].(int64); removed != 1 {
-			return
-		}
-		s.notes.freed(ref.KeyID)
+	// wake wakes whom a freed slot is for. The notice's reply (how many
+	// listened) says whether the store named may have missed it (fewer
+	// listened than were counted on: it stopped; more: one that was not
+	// counted could be passed by), and a notice that got no reply may
+	// have reached nobody: either way the slot is announced to every
+	// listener.
+	wake := func(listeners int64, heard bool) {
 		switch {
 		case to == "":
 			s.queue.Wake(ref.KeyID)
@@ -168,6 +164,13 @@ func (s *Store) release(ctx context.Context, rdb redis.UniversalClient, ref Leas
 			s.announceFree(ref.KeyID)
 		}
 	}
+	// freed wakes them if the release freed the slot.
+	freed := func(replies []any, listeners int64, heard bool) {
+		if removed, _ := replies[2].(int64); removed == 1 {
+			s.notes.freed(ref.KeyID)
+			wake(listeners, heard)
+		}
+	}
 	var (
 		replies []any
 		err     error
@@ -175,6 +178,9 @@ func (s *Store) release(ctx context.Context, rdb redis.UniversalClient, ref Leas
 	if ok {
 		replies, err = s.releases.do(ctx, plain, body, notice, func(replies []any, then any, err error) {
 			if err != nil {
+				// Perhaps freed, perhaps announced: a caller woken
+				// finds out which.
+				wake(0, false)
 				return
 			}
 			if now, ok := replyMillis(replies[0]); ok {

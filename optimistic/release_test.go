@@ -37,3 +37,27 @@ func TestReleaseOnBothProtocols(t *testing.T) {
 		require.ErrorIs(t, s.Release(ctx, live.LeaseRef), ErrLeaseLost, "RESP%d: released twice", proto)
 	}
 }
+
+// A release whose reply is lost may have freed the slot: the caller
+// waiting here is woken to find out, before Release returns, instead of
+// being left for the poll (WaitPoll, or the lease's end a minute away).
+// The caller in line is the test's own, so that nothing but a wake-up
+// reaches it.
+func TestReleaseOfUnknownOutcomeWakesTheNext(t *testing.T) {
+	srv := redistest.Start(t)
+	proxy := redistest.NewProxy(t, srv.Addr)
+	s := storeOn(t, redis.NewClient(&redis.Options{Addr: proxy.Addr, DialerRetries: 1}))
+	ctx := t.Context()
+	require.NoError(t, s.SyncKey(ctx, KeyState{ID: "k", Provider: "openai", Pool: "default", Status: StatusAvailable, MaxConcurrentUses: 1}))
+	held, _, err := s.Allocate(ctx, waitReq(0))
+	require.NoError(t, err)
+	p := s.queue.Join([]string{"k"})
+	defer p.Leave()
+	park(p)
+	proxy.CutNextExec()
+	require.Error(t, s.Release(ctx, held.LeaseRef))
+	require.Equal(t, 1, proxy.Cuts())
+	require.True(t, woken(p), "left for the poll")
+	_, _, err = s.Allocate(ctx, waitReq(0))
+	require.NoError(t, err, "the release had freed the slot")
+}
