@@ -50,8 +50,9 @@ func decodeUpTo(c *gin.Context, dst any, limit int64) bool {
 // checkNames refuses an object whose names dst's fields do not spell
 // exactly, or that repeats a name: encoding/json matches names whatever
 // their case and lets the last of a repeated name win, where the API's
-// schema allows neither. What is no object of names is left to the
-// decoder to refuse.
+// schema allows neither. It also refuses a time field that is no RFC 3339
+// string, naming it (the decoder's error does not). What is no object of
+// names is left to the decoder to refuse.
 func checkNames(raw []byte, dst any) error {
 	t := reflect.TypeOf(dst)
 	for t.Kind() == reflect.Pointer {
@@ -72,38 +73,50 @@ func checkNames(raw []byte, dst any) error {
 			return nil
 		}
 		name, _ := tok.(string)
+		ft, known := names[name]
 		switch {
-		case !names[name]:
+		case !known:
 			return fmt.Errorf("json: unknown field %q", name)
 		case seen[name]:
 			return repeatedError{name}
 		}
 		seen[name] = true
-		var skip json.RawMessage
-		if dec.Decode(&skip) != nil {
+		var value json.RawMessage
+		if dec.Decode(&value) != nil {
 			return nil
+		}
+		if ft == timeType && json.Unmarshal(value, new(time.Time)) != nil {
+			return badTimeError{name}
 		}
 	}
 	return nil
 }
 
-// fieldNames is the set of JSON names of t's fields, embedded structs'
-// included, as encoding/json spells them.
-func fieldNames(t reflect.Type) map[string]bool {
+// timeType is the type of the time fields checkNames checks.
+var timeType = reflect.TypeFor[time.Time]()
+
+// fieldNames maps the JSON names of t's fields, embedded structs'
+// included, as encoding/json spells them, to their types (pointers
+// dereferenced).
+func fieldNames(t reflect.Type) map[string]reflect.Type {
 	if v, ok := namesOf.Load(t); ok {
-		return v.(map[string]bool)
+		return v.(map[string]reflect.Type)
 	}
-	names := make(map[string]bool)
+	names := make(map[string]reflect.Type)
 	for f := range t.Fields() {
 		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		ft := f.Type
+		for ft.Kind() == reflect.Pointer {
+			ft = ft.Elem()
+		}
 		switch {
 		case name == "-" || !f.IsExported() && !f.Anonymous:
-		case name == "" && f.Anonymous && f.Type.Kind() == reflect.Struct:
-			maps.Copy(names, fieldNames(f.Type))
+		case name == "" && f.Anonymous && ft.Kind() == reflect.Struct:
+			maps.Copy(names, fieldNames(ft))
 		case name == "":
-			names[f.Name] = true
+			names[f.Name] = ft
 		default:
-			names[name] = true
+			names[name] = ft
 		}
 	}
 	namesOf.Store(t, names)
@@ -111,12 +124,17 @@ func fieldNames(t reflect.Type) map[string]bool {
 }
 
 // namesOf caches fieldNames by type.
-var namesOf sync.Map // reflect.Type → map[string]bool
+var namesOf sync.Map // reflect.Type → map[string]reflect.Type
 
 // repeatedError refuses an object that names a field twice.
 type repeatedError struct{ name string }
 
 func (e repeatedError) Error() string { return "field " + e.name + " given twice" }
+
+// badTimeError refuses a time field that is no RFC 3339 string.
+type badTimeError struct{ name string }
+
+func (e badTimeError) Error() string { return e.name + ": want RFC 3339" }
 
 // decodeItems is decode for a JSON array of at most limit bytes, item by
 // item, so that a refusal names the item at fault: [i].field.
@@ -148,7 +166,7 @@ func refuse(c *gin.Context, err error, limit int64, at string) {
 		tooBig    *http.MaxBytesError
 		syntax    *json.SyntaxError
 		wrongType *json.UnmarshalTypeError
-		badTime   *time.ParseError
+		badTime   badTimeError
 		repeated  repeatedError
 	)
 	// field names a field of the body, or of its item at.
@@ -176,7 +194,8 @@ func refuse(c *gin.Context, err error, limit int64, at string) {
 		f := field(strings.Trim(strings.TrimPrefix(err.Error(), "json: unknown field "), `"`))
 		fail(c, http.StatusBadRequest, "invalid_request", "unknown field "+f, f)
 	case errors.As(err, &badTime):
-		fail(c, http.StatusBadRequest, "invalid_request", field("a time field")+": want RFC 3339, e.g. 2026-11-30T12:00:00Z", at)
+		f := field(badTime.name)
+		fail(c, http.StatusBadRequest, "invalid_request", f+": want RFC 3339, e.g. 2026-11-30T12:00:00Z", f)
 	case errors.As(err, &syntax), errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
 		fail(c, http.StatusBadRequest, "invalid_request", "body is not valid JSON", "")
 	default:

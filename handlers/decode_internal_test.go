@@ -34,6 +34,8 @@ func TestDecodeAnswers(t *testing.T) {
 		{"a bulk item's unknown field", `[{"id":"k","surprise":1}]`, true, "invalid_request", "unknown field [0].surprise", "[0].surprise"},
 		{"a bulk item not an object", `[{"id":"k"},"sk-secret"]`, true, "invalid_request", "[1]: want a JSON object", "[1]"},
 		{"an object for a bulk body", `{"id":"k"}`, true, "invalid_request", "body: want a JSON array", ""},
+		{"a bulk item's time not RFC 3339", `[{"id":"k","cooldown_until":null},{"id":"j","cooldown_until":"sk-secret"}]`, true, "invalid_request", "[1].cooldown_until: want RFC 3339, e.g. 2026-11-30T12:00:00Z", "[1].cooldown_until"},
+		{"a bulk item's time a number", `[{"id":"k","last_verified_at":1764504000}]`, true, "invalid_request", "[0].last_verified_at: want RFC 3339, e.g. 2026-11-30T12:00:00Z", "[0].last_verified_at"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			w := httptest.NewRecorder()
