@@ -352,13 +352,12 @@ func (p *Place) Leave() {
 	case held = <-p.wake:
 	default:
 	}
-	if held != "" && p.turn == held {
-		p.owed, held = held, ""
-	}
+	turn := held != "" && p.turn == held
 	p.turn = ""
 	q.mu.Unlock()
-	if held != "" {
-		q.Wake(held)
+	// A turn held goes on as a turn, besides one owed (two slots).
+	if held != "" && !q.wake(held, turn) && turn && p.unused != nil {
+		p.unused(held)
 	}
 	if p.owed != "" {
 		p.handOn(p.owed)

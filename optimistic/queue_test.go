@@ -66,6 +66,24 @@ func TestQueueLeavePassesWakeOn(t *testing.T) {
 	require.Empty(t, q.lines, "an empty line leaves nothing behind")
 }
 
+// A caller that leaves owing a turn on one key (taken, not tried) and
+// holding another turn on a second key hands both on: two slots freed
+// for this process, two callers woken.
+func TestQueueLeavePassesTwoTurnsOn(t *testing.T) {
+	var q Queue
+	p := q.Join([]string{"x", "y"})
+	a, b := q.Join([]string{"y"}), q.Join([]string{"x"})
+	require.True(t, q.wakeTurn("y"))
+	woke, err := p.wait(t.Context(), time.Now().Add(time.Minute))
+	require.NoError(t, err)
+	require.True(t, woke, "p took the turn on y")
+	require.Equal(t, "y", p.owed)
+	require.True(t, q.wakeTurn("x"))
+	p.Leave()
+	require.True(t, woken(a), "the turn on y went on")
+	require.True(t, woken(b), "the turn on x went on")
+}
+
 func TestPlaceRetry(t *testing.T) {
 	var q Queue
 	ctx := t.Context()
