@@ -378,6 +378,12 @@ func serviceCell(ctx context.Context, cfg ServiceConfig, h *harness, s Strategy,
 	for i, n := range counts {
 		warmed[i] = drive(ctx, svcs[:n], warmUp, ids, cfg.Seed).Audit
 	}
+	// The store alone warms up too, so that neither side of the ratio is
+	// the only one to start cold (this process's heap, Redis's).
+	storeWarmed, err := h.run(ctx, index*cfg.Reps, Cell{Scenario: "service", Spec: warmUp, Procs: 1}, s)
+	if err != nil {
+		return nil, fmt.Errorf("store %s warm-up: %w", s.Name, err)
+	}
 	for r := range cfg.Reps {
 		seed := cfg.Seed + uint64(index*cfg.Reps+r)<<16
 		label := fmt.Sprintf("limit=%d workers=%d rep %d/%d", spec.Limit, spec.Workers, r+1, cfg.Reps)
@@ -407,6 +413,9 @@ func serviceCell(ctx context.Context, cfg ServiceConfig, h *harness, s Strategy,
 			run, err := h.run(ctx, index*cfg.Reps+r, Cell{Scenario: "service", Spec: spec, Procs: 1}, s)
 			if err != nil {
 				return nil, fmt.Errorf("%s: %w", what, err)
+			}
+			if r == 0 {
+				run.Audit.Add(storeWarmed.Audit)
 			}
 			store = run
 			prog.finish(what, summary(run))

@@ -46,6 +46,11 @@ func TestBenchServiceShortRun(t *testing.T) {
 			require.Equal(t, c.Strategy, r.Store.Strategy)
 			require.InDelta(t, s.CyclesPerSec/r.Store.GrantsPerSec, r.ShareOfStore, 1e-12)
 		}
+		// Both sides warm up before the first repetition, as long as a
+		// run here, audited with it: about twice its reads of the state.
+		first, second := c.Reps[0], c.Reps[1]
+		require.Greater(t, first.Service.Audit.Samples, second.Service.Audit.Samples, "%s: the service's warm-up", c.Strategy)
+		require.Greater(t, first.Store.Audit.Samples, second.Store.Audit.Samples, "%s: the store's warm-up", c.Strategy)
 		require.Positive(t, c.CyclesPerSec.Median)
 		require.LessOrEqual(t, c.ShareOfStore.Min, c.ShareOfStore.Median)
 	}
