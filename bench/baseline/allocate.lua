@@ -30,16 +30,18 @@ if mine and tonumber(mine) > now then
 	return {1, tonumber(mine), int(redis.call('HGET', KEYS[3], 'fence')) or 0, 0}
 end
 
-local k = redis.call('HMGET', KEYS[1], 'provider', 'pool', 'status', 'cooldown_until', 'max_concurrent_uses', 'fence')
+local k = redis.call('HMGET', KEYS[1], 'provider', 'pool', 'status', 'cooldown_until', 'max_concurrent_uses', 'fence', 'held_until')
 -- Membership is the key HASH's, in this slot; the pool ZSET is elsewhere.
 if k[1] ~= ARGV[2] or k[2] ~= ARGV[3] then
 	return {0, 0, 0}
 end
 local status, ok = k[3], usable(k[3], k[4], now)
+-- Held back after a loss (optimistic.Options.LostHold): no grant before.
+local hold = int(k[7]) or 0
 local limit = parse_limit(k[5])
 local live = redis.call('ZCOUNT', leases, '(' .. now, '+inf')
 
-if ok and live < limit then
+if ok and hold <= now and live < limit then
 	local expired = redis.call('ZRANGEBYSCORE', leases, '-inf', now)
 	for _, id in ipairs(expired) do
 		redis.call('DEL', ARGV[7] .. id)
@@ -60,19 +62,21 @@ if ok and live < limit then
 	return {1, expiry, tonumber(fence), #expired}
 end
 
--- No grant: free_at as optimistic's freeAt computes it.
+-- No grant: free_at as optimistic's freeAt computes it (optimistic.FreeAt,
+-- then a hold that ends later).
 local first = 0
 if live >= limit then
 	first = tonumber(redis.call('ZRANGEBYSCORE', leases, '(' .. now, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)[2])
 end
-if ok then
-	return {0, first, 1} -- usable but full
+local at = math.max(now, first)
+if not ok then
+	local cd = int(k[4])
+	if cd == nil or (status ~= 'rate_limited' and status ~= 'cooldown') then
+		return {0, 0, 0}
+	end
+	at = math.max(cd, first)
 end
-local cd = int(k[4])
-if cd == nil or (status ~= 'rate_limited' and status ~= 'cooldown') then
-	return {0, 0, 0}
+if hold > at then
+	return {0, hold, 0}
 end
-if first > 0 and first >= cd then
-	return {0, first, 1}
-end
-return {0, cd, 0}
+return {0, at, (first > 0 and at == first) and 1 or 0}

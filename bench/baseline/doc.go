@@ -30,7 +30,9 @@
 //
 // Unlike the seed, membership is read from the key HASH (same slot) rather
 // than the pool ZSET, time is Redis TIME in ms rather than the caller's
-// clock, and release refuses an expired lease that was not pruned yet.
+// clock, release refuses an expired lease that was not pruned yet, and a
+// key the optimistic store held back after finding Redis behind
+// (held_until) grants nothing until the hold ends, as in that store.
 // Release, Renew, ClearLeases and DeleteKey are scripts as well. SyncKey and
 // Inspect decide nothing atomically, so they run the optimistic store's own
 // commands.

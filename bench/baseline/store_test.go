@@ -49,6 +49,51 @@ func TestLuaParsesLikeGo(t *testing.T) {
 	}
 }
 
+// A key held back after a loss (held_until, which the optimistic store
+// writes when it finds Redis behind) grants nothing through the script
+// either, and both stores tell the same moment it may free up: the hold's
+// end when it is later than a lease's or a cooldown's, else theirs.
+func TestLuaHonoursAHold(t *testing.T) {
+	s, rdb := newTestStore(t)
+	ctx := context.Background()
+	opt, err := optimistic.New(rdb, nil)
+	require.NoError(t, err)
+	now := time.Now()
+	ms := func(d time.Duration) string { return strconv.FormatInt(now.Add(d).UnixMilli(), 10) }
+	req := optimistic.AllocateRequest{Provider: "openai", Pool: "default", Candidates: []string{"k"}, TTL: time.Minute}
+	for _, c := range []struct {
+		name       string
+		status     optimistic.Status
+		cooldown   string
+		hold       time.Duration
+		full       bool
+		want       time.Duration
+		byTheLease bool
+	}{
+		{"room, held", optimistic.StatusAvailable, "", time.Hour, false, time.Hour, false},
+		{"full, held past the lease", optimistic.StatusAvailable, "", time.Hour, true, time.Hour, false},
+		{"full, held less than the lease", optimistic.StatusAvailable, "", 30 * time.Second, true, time.Minute, true},
+		{"cooling, held past the cooldown", optimistic.StatusRateLimited, ms(time.Minute), time.Hour, false, time.Hour, false},
+		{"cooling, held less than the cooldown", optimistic.StatusRateLimited, ms(time.Hour), time.Minute, false, time.Hour, false},
+	} {
+		require.NoError(t, rdb.FlushAll(ctx).Err())
+		require.NoError(t, s.SyncKey(ctx, optimistic.KeyState{ID: "k", Provider: "openai", Pool: "default", Status: optimistic.StatusAvailable, MaxConcurrentUses: 1}))
+		if c.full {
+			_, _, err := s.Allocate(ctx, req)
+			require.NoError(t, err, c.name)
+		}
+		key := "credpool:key:{k}"
+		require.NoError(t, rdb.HSet(ctx, key, "status", string(c.status), "cooldown_until", c.cooldown, "held_until", ms(c.hold)).Err())
+		for name, store := range map[string]optimistic.LeaseStore{"lua": s, "optimistic": opt} {
+			_, _, err := store.Allocate(ctx, req)
+			var ce *optimistic.CapacityError
+			require.ErrorAs(t, err, &ce, "%s: %s", c.name, name)
+			require.WithinDuration(t, now.Add(c.want), ce.FreeAt, 5*time.Second, "%s: %s", c.name, name)
+			require.Equal(t, c.byTheLease, ce.Held, "%s: %s", c.name, name)
+		}
+	}
+}
+
 // go-redis resends a script whose reply was lost: the rerun must return the
 // lease the first run granted, not take a second slot.
 func TestResentAllocateReturnsSameLease(t *testing.T) {
