@@ -34,14 +34,17 @@ type Options struct {
 	// default: 200µs
 	MinBackoff time.Duration
 
-	// MaxBackoff caps one pause.
+	// MaxBackoff caps the pause before its jitter: a pause is at most
+	// 1.5x MaxBackoff.
 	//
 	// default: 64ms
 	MaxBackoff time.Duration
 
-	// MaxElapsed bounds the time one call spends retrying conflicts; it is
-	// checked at each pause. Waiting for a key's turn within a pass is
-	// bounded by ctx alone.
+	// MaxElapsed bounds the time from a call's first try to its last
+	// pause; it is checked at each pause, so a pass already running
+	// finishes. Time spent in a pass waiting for a key's turn, or for a
+	// hold-off to end, counts: a call that waited longer than this in line
+	// gives up at its next conflict instead of pausing.
 	//
 	// default: 2s
 	MaxElapsed time.Duration

@@ -25,7 +25,8 @@ type Policy struct {
 	// default: 1ms
 	MinBackoff time.Duration
 
-	// MaxBackoff caps one pause.
+	// MaxBackoff caps the pause before its jitter: a pause is at most
+	// 1.5x MaxBackoff.
 	//
 	// default: 64ms
 	MaxBackoff time.Duration

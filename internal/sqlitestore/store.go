@@ -23,7 +23,7 @@ type Options struct {
 	// wait first. Its OnTry is the store's own (it counts Stats).
 	//
 	// default: retry.Policy's (10 retries, pauses from 1ms doubling to
-	// 64ms with ±50% jitter, within 2s)
+	// 64ms, each with ±50% jitter, within 2s)
 	Busy retry.Policy
 }
 
