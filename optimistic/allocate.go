@@ -209,6 +209,7 @@ type verdict struct {
 	fence   int64
 	seq     int64     // the key's grant count after the commit
 	pruned  int       // expired leases the commit removed
+	room    int       // slots the key has free after the commit
 	full    bool      // read with no slot for this call's provider and pool
 	free    int64     // skipped: when it frees up (ms), 0 if never by itself
 	held    bool      // free is when a held lease ends
@@ -313,6 +314,12 @@ func (a *allocation) try(ctx context.Context, c *conns, keyID string, wait bool)
 		a.grant(keyID, v.until, v.fence)
 		a.stats.Pruned += v.pruned
 		a.notes.won(keyID)
+		// Expired leases pruned here freed slots nobody was told of:
+		// callers waiting in line behind the one whose FreeAt brought
+		// it here would otherwise find them one poll at a time.
+		for range min(v.pruned, v.room) {
+			a.queue.Wake(keyID)
+		}
 	}
 	if v.settled && !v.granted && err == nil {
 		a.notes.skipped(keyID)
@@ -479,6 +486,7 @@ func (a *allocation) take(ctx context.Context, t *txn, v verdict, keyID string, 
 			body = append(body, a.leaseWrites(keyID, tk.member, tk.provider, tk.pool, tk.until, tk.fence)...)
 		}
 	}
+	v.room = k.limit - ls.live - 1 - len(v.batch)
 	// The HASH is watched, and every write of its count writes the HASH:
 	// the count read is the count at EXEC.
 	v.seq = nextSeq(k.seq, int64(1+len(v.batch)), clockNow)

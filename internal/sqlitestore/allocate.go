@@ -51,16 +51,23 @@ func (s *Store) allocate(ctx context.Context, req optimistic.AllocateRequest) (o
 		return optimistic.Lease{}, st, &c.full
 	}
 	s.changed()
+	// Expired leases pruned here freed slots nobody was told of: callers
+	// waiting in line behind the one whose FreeAt brought it here would
+	// otherwise find them one poll at a time.
+	for range min(c.pruned, c.room) {
+		s.queue.Wake(c.lease.KeyID)
+	}
 	return c.lease, st, nil
 }
 
-// claimed is what Allocate's transaction found: a lease and how many
-// expired leases of its key it pruned, or none and what the skipped
-// members said.
+// claimed is what Allocate's transaction found: a lease, how many
+// expired leases of its key it pruned and how many slots the key has free
+// after it, or none and what the skipped members said.
 type claimed struct {
 	lease  optimistic.Lease
 	full   optimistic.CapacityError
 	pruned int
+	room   int
 }
 
 // claim is the body of Allocate's transaction. Like the Redis stores it
@@ -104,6 +111,7 @@ func (s *Store) claim(ctx context.Context, tx *sql.Tx, req optimistic.AllocateRe
 			Until:    fromMillis(until),
 			Fence:    fence,
 		}
+		c.room = k.limit - k.live - 1
 		return c, nil
 	}
 	return c, nil

@@ -174,6 +174,7 @@ var cases = []struct {
 	{"CancelledContext", cancelled},
 	{"WaitingCallerGetsTheFreedSlot", waits},
 	{"WaitEndsFullOrCancelled", waitEnds},
+	{"SlotsFreedByExpiryWakeTheLine", expiryWakes},
 	{"StoreDownIsNotNoCapacity", storeDown},
 }
 

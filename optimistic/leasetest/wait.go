@@ -79,3 +79,39 @@ func waitEnds(t *testing.T, b Backend) {
 	require.Zero(t, w.Waiting())
 	require.Zero(t, info(t, b, "k").Live, "a cancelled waiter holds no slot")
 }
+
+// expiryWakes checks that slots freed by expiry reach the callers in line
+// together: nobody announces an expiry, so the grant that prunes expired
+// leases wakes a caller in line for each slot it left free, instead of
+// leaving them to find the slots one poll at a time.
+func expiryWakes(t *testing.T, b Backend) {
+	w, ok := b.Store.(optimistic.Waiter)
+	if !ok {
+		return
+	}
+	syncKeys(t, b, key("k", 4))
+	ctx := context.Background()
+	var last optimistic.Lease
+	for range 4 {
+		last = mustAllocate(t, b, shortTTL, "k")
+	}
+	var line []*optimistic.Place
+	for range 4 {
+		p, err := w.Await(ctx, []string{"k"})
+		require.NoError(t, err)
+		defer p.Leave()
+		line = append(line, p)
+	}
+	waitPast(last.Until)
+	_, st, err := b.Store.Allocate(ctx, waitReq(0))
+	require.NoError(t, err)
+	require.Equal(t, 4, st.Pruned)
+	for i, p := range line[:3] {
+		// The wake-up is in before Allocate returns: Wait takes it at
+		// once, or runs out long before any poll.
+		wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		err := p.Wait(wctx, time.Now().Add(time.Minute))
+		cancel()
+		require.NoError(t, err, "caller %d in line was left for the poll", i)
+	}
+}
