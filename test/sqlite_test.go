@@ -126,7 +126,7 @@ func TestSQLiteConformance(t *testing.T) {
 
 // Two stores on one file are two processes: SQLite's busy handler is not
 // fair between them, and under this load one can wait out the default
-// busy retries (2 s), which the service would answer 503 and retry. The
+// busy retries (2 s), which the service would answer 429 contended. The
 // stress test asks for correctness, so it gives them more patience.
 func TestSQLiteStress(t *testing.T) {
 	patient := &sqlitestore.Options{Busy: retry.Policy{MaxRetries: 1000, MaxElapsed: time.Minute}}

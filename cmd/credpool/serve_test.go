@@ -302,6 +302,8 @@ func TestServeRefusesDBsItWouldMistake(t *testing.T) {
 		"host=db.internal user=credpool password=hunter2 dbname=credpool",
 		"dbname=credpool password = hunter2",
 		"mysql://u:hunter2@127.0.0.1/db",
+		"credpool:hunter2@db.internal:5432/credpool?sslmode=require",
+		"credpool:hunter2@db.internal/credpool",
 	} {
 		_, err := parseServe([]string{"--db", db, "--redis", "redis://127.0.0.1:1"})
 		require.ErrorContains(t, err, "--db", db)

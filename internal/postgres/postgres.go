@@ -41,16 +41,23 @@ func IsURL(s string) bool {
 // keyword matches a libpq keyword/value connection string's setting.
 var keyword = regexp.MustCompile(`(?i)(^|\s)(host|hostaddr|port|dbname|user|password|passfile|sslmode|service|connect_timeout)\s*=`)
 
+// userinfo matches a URL's user:password@ at the start of a name that has
+// no scheme.
+var userinfo = regexp.MustCompile(`^[^/@\s]*:[^/@\s]*@`)
+
 // CheckTarget refuses a database name that is neither a SQLite file path
-// nor a PostgreSQL URL: a libpq keyword/value string (host=… password=…),
-// which would otherwise be taken for a file name, or a URL of another
-// scheme. Its errors never quote s: it may hold a password.
+// nor a PostgreSQL URL: a libpq keyword/value string (host=… password=…)
+// or a URL without its scheme (user:password@host/db), which would
+// otherwise be taken for a file name, or a URL of another scheme. Its
+// errors never quote s: it may hold a password.
 func CheckTarget(s string) error {
 	switch {
 	case IsURL(s):
 		return nil
 	case keyword.MatchString(s):
 		return errors.New("looks like a libpq keyword/value connection string (host=… user=…): give PostgreSQL as a URL, postgres://user:password@host:port/database")
+	case userinfo.MatchString(s):
+		return errors.New("looks like a URL without its scheme (user:password@host…): give PostgreSQL as postgres://user:password@host:port/database")
 	case strings.Contains(s, "://"):
 		return errors.New("is a URL, but not a postgres:// or postgresql:// one: give a SQLite file path or a PostgreSQL URL")
 	}

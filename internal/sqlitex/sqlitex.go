@@ -65,7 +65,8 @@ type TxFunc func(tx *sql.Tx, now int64) error
 func Open(path string) (*DB, error) {
 	// The driver splits its parameters off at the first '?'.
 	if strings.Contains(path, "?") {
-		return nil, fmt.Errorf("sqlite: path %q must not contain '?'", path)
+		// Not quoted: a URL given for a path carries its password there.
+		return nil, errors.New("sqlite: the path must not contain '?'")
 	}
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
