@@ -33,18 +33,18 @@ run:
 ## bench: the standard benchmark suite into bench/results: the Redis stores
 ## with and without the per-key gate (optimistic, optimistic-nogate, lua,
 ## lua+gate), closed loop, 64 callers, four scenarios, limits 1 and 5, 1 and
-## 4 processes, pauses of 1ms and 5ms after "no slot", 3 runs of 3s per
-## cell (384 runs, about 21 minutes); then an open loop at fixed rates with
-## SQLite too (90 runs of 2s, about 4 minutes) into bench/results/open; then
+## 4 processes, pauses of 1ms and 5ms after "no slot", 4 runs of 3s per
+## cell (512 runs, about 28 minutes); then an open loop at fixed rates with
+## SQLite too (120 runs of 2s, about 5 minutes) into bench/results/open; then
 ## credpool serve against its lease store (SQLite, Redis) into
 ## bench/results/service, and 1 and 3 serve instances on one PostgreSQL
-## catalog (9 runs each) into bench/results/service-postgres, and the same
+## catalog (10 runs each) into bench/results/service-postgres, and the same
 ## with a catalog each (the control) into bench/results/service-postgres-each;
 ## then retrying against
 ## waiting callers (-callers retry,wait: in line for a slot up to 10s) on
 ## the optimistic store, hot and identical, limits 1 and 5, 1 and 4
-## processes, 3 runs of 10s per cell (72 runs, about 13 minutes) into
-## bench/results/wait. About 45 minutes in all on 2 cores. Starts its own
+## processes, 4 runs of 10s per cell (96 runs, about 17 minutes) into
+## bench/results/wait. About an hour in all on 2 cores. Starts its own
 ## redis-server and PostgreSQL on loopback.
 BENCH_OUT ?= bench/results
 bench: redis-server postgresql build
@@ -52,8 +52,8 @@ bench: redis-server postgresql build
 	./credpool bench -strategies optimistic,optimistic-nogate,lua,lua+gate,sqlite -scenarios uniform,zipf,hot \
 		-workers 64 -limits 5 -procs 1 -rates 1000,4000 -duration 2s -out $(BENCH_OUT)/open
 	./credpool bench -service -out $(BENCH_OUT)/service
-	./credpool bench -service -catalog postgres -instances 1,3 -strategies optimistic -reps 9 -out $(BENCH_OUT)/service-postgres
-	./credpool bench -service -catalog postgres -catalog-each -instances 1,3 -strategies optimistic -reps 9 \
+	./credpool bench -service -catalog postgres -instances 1,3 -strategies optimistic -reps 10 -out $(BENCH_OUT)/service-postgres
+	./credpool bench -service -catalog postgres -catalog-each -instances 1,3 -strategies optimistic -reps 10 \
 		-out $(BENCH_OUT)/service-postgres-each
 	./credpool bench -callers retry,wait -strategies optimistic -scenarios hot,identical -workers 64 -limits 1,5 -procs 1,4 \
 		-duration 10s -out $(BENCH_OUT)/wait

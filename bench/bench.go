@@ -26,8 +26,9 @@ type Config struct {
 	Cells      []Cell
 	// Reps is how many times each cell runs on every strategy, the
 	// strategies in the given order, then in the reverse, alternately,
-	// every other cell starting with the reverse (see reversed), so that
-	// neither order is favoured, whatever running first does to a run.
+	// every other cell starting with the reverse (see reversed): an even
+	// number favours neither order in any cell, whatever running first
+	// does to a run.
 	// Each repetition has its own seed, which all strategies of it share;
 	// 0 means 1.
 	Reps int
@@ -118,9 +119,12 @@ func Run(ctx context.Context, cfg Config) (*report.Report, error) {
 }
 
 // reversed says whether repetition rep of cell i runs in the reverse
-// order. Repetitions alternate, and odd cells start with the reverse: with
-// an odd number of repetitions one order comes first once more in a cell,
-// and the next cell evens it out.
+// order. Repetitions alternate, so an even number of them runs each order
+// first equally often in every cell. Odd cells start with the reverse:
+// with an odd number one order comes first once more in a cell, and the
+// next cell evens it out over the suite, though not within a row (in the
+// standard grid, whose innermost dimension is procs, every 1-process cell
+// would lean one way and every 4-process cell the other).
 func reversed(cell, rep int) bool { return (cell+rep)%2 == 1 }
 
 func write(rep *report.Report, cfg Config) error {

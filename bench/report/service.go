@@ -72,8 +72,7 @@ type ServiceCell struct {
 // run.
 type ServiceRep struct {
 	// ServiceFirst says the service ran before the store; repetitions
-	// alternate, and every other cell starts with the store, so neither
-	// order is favoured.
+	// alternate, so an even number of them favours neither order.
 	ServiceFirst bool       `json:"service_first"`
 	Service      ServiceRun `json:"service"`
 	// Store is the lease store alone under the bench harness, with the

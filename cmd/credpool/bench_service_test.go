@@ -186,7 +186,7 @@ func TestBenchServiceFlags(t *testing.T) {
 	require.Equal(t, []int{5}, c.Limits)
 	require.Equal(t, 20, c.Keys)
 	require.Equal(t, 3*time.Second, c.Duration)
-	require.Equal(t, 3, c.Reps)
+	require.Equal(t, 4, c.Reps, "even: each order runs first equally often in every cell")
 	require.Equal(t, 10*time.Second, c.TTL)
 	var names []string
 	for _, s := range c.Strategies {
@@ -195,7 +195,7 @@ func TestBenchServiceFlags(t *testing.T) {
 	require.Equal(t, []string{"sqlite", "optimistic"}, names)
 	require.Equal(t, bench.CatalogSQLite, c.Catalog)
 	require.Empty(t, c.Instances, "one instance: the default")
-	require.Equal(t, 3*2*2, c.Runs(), "reps × stores × (one service run and one store run)")
+	require.Equal(t, 4*2*2, c.Runs(), "reps × stores × (one service run and one store run)")
 
 	b, err = parseBench([]string{"-service", "-procs", "1", "-rates", "0", "-strategies", "optimistic", "-workers", "8,16", "-duration", "1s"})
 	require.NoError(t, err)
@@ -208,7 +208,7 @@ func TestBenchServiceFlags(t *testing.T) {
 	require.Equal(t, []int{1, 3}, b.svc.Instances)
 	require.Len(t, b.svc.Strategies, 1)
 	require.Equal(t, "optimistic", b.svc.Strategies[0].Name, "the SQLite store cannot run on PostgreSQL")
-	require.Equal(t, 3*1*(2+1), b.svc.Runs())
+	require.Equal(t, 4*1*(2+1), b.svc.Runs())
 
 	for _, tc := range []struct {
 		args []string

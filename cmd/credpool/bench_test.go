@@ -13,7 +13,7 @@ func TestBenchSuiteFlags(t *testing.T) {
 	b, err := parseBench(nil)
 	require.NoError(t, err)
 	c := b.suite
-	require.Equal(t, 3, c.Reps)
+	require.Equal(t, 4, c.Reps, "even: each order runs first equally often in every cell")
 	var names []string
 	for _, s := range c.Strategies {
 		names = append(names, s.Name)
