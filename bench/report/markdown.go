@@ -125,7 +125,7 @@ func (r *Report) markdownWaiting(b *strings.Builder) {
 func medians(a, b []*Run, m metric) string {
 	sa, ka := spreadOf(a, m.get)
 	sb, kb := spreadOf(b, m.get)
-	return formatSpread(sa, min(ka, 1), m.format) + " / " + formatSpread(sb, min(kb, 1), m.format)
+	return formatMedian(sa, ka, m.format) + partial(ka, len(a)) + " / " + formatMedian(sb, kb, m.format) + partial(kb, len(b))
 }
 
 // ratioOf is the ratio of the medians of m over runs num and den.
@@ -135,7 +135,15 @@ func ratioOf(num, den []*Run, m metric) string {
 	if kn == 0 || kd == 0 {
 		return "–"
 	}
-	return Ratio(sn.Median, sd.Median)
+	return Ratio(sn.Median, sd.Median) + partialRatio(kn < len(num) || kd < len(den))
+}
+
+// partialRatio marks a ratio of medians one of which is not of every run.
+func partialRatio(partial bool) string {
+	if partial {
+		return " (not of every run)"
+	}
+	return ""
 }
 
 // cellLabel describes a cell in one phrase.
@@ -193,7 +201,7 @@ func (r *Report) bySpread(prefix string, m metric) []column {
 	for _, n := range r.strategies() {
 		cols = append(cols, column{head: prefix + n, value: func(rw row) string {
 			sp, k := spreadOf(rw.by[n], m.get)
-			return formatSpread(sp, k, m.format)
+			return formatSpread(sp, k, len(rw.by[n]), m.format)
 		}})
 	}
 	return cols
@@ -204,12 +212,17 @@ func (r *Report) byMedians(prefix string, ms ...metric) []column {
 	var cols []column
 	for _, n := range r.strategies() {
 		cols = append(cols, column{head: prefix + n, value: func(rw row) string {
+			runs := rw.by[n]
 			parts := make([]string, len(ms))
+			fewest := len(runs)
 			for i, m := range ms {
-				sp, k := spreadOf(rw.by[n], m.get)
-				parts[i] = formatSpread(sp, min(k, 1), m.format)
+				sp, k := spreadOf(runs, m.get)
+				parts[i] = formatMedian(sp, k, m.format)
+				if k > 0 {
+					fewest = min(fewest, k)
+				}
 			}
-			return strings.Join(parts, " / ")
+			return strings.Join(parts, " / ") + partial(fewest, len(runs))
 		}})
 	}
 	return cols
@@ -220,12 +233,7 @@ func (r *Report) ratios(m metric) []column {
 	var cols []column
 	for _, p := range r.pairs() {
 		cols = append(cols, column{head: p.Num + "/" + p.Den, value: func(rw row) string {
-			num, k1 := spreadOf(rw.by[p.Num], m.get)
-			den, k2 := spreadOf(rw.by[p.Den], m.get)
-			if k1 == 0 || k2 == 0 {
-				return "–"
-			}
-			return Ratio(num.Median, den.Median)
+			return ratioOf(rw.by[p.Num], rw.by[p.Den], m)
 		}})
 	}
 	return cols

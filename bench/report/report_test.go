@@ -105,6 +105,35 @@ func TestMarkdownMediansOfRepetitions(t *testing.T) {
 	require.Contains(t, md, "| hot | closed | 5ms | 1 | 64 | 1 | 100 (90–130) | 500 (400–600) | 300 (270–390) | 0.20× |")
 }
 
+// A run without a grant has no per-grant figure: the cell's median of
+// the others says it is of some runs only, and so does a ratio of it.
+func TestMarkdownSaysAFigureIsOfSomeRuns(t *testing.T) {
+	var runs []Run
+	for i, g := range []float64{1000, 1100, 0} {
+		for _, name := range []string{"optimistic", "lua+gate"} {
+			run := Run{Strategy: name, Rep: i + 1, Scenario: "hot", Loop: "closed", Limit: 1, Workers: 64, Procs: 1, Pause: "1ms", GrantsPerSec: 1000}
+			if name == "lua+gate" {
+				run.GrantsPerSec = g
+			}
+			if run.GrantsPerSec > 0 {
+				trips := 60 + 10*float64(i)
+				run.RoundTripsPerGrant = &trips
+				run.Counts.Grants = int64(run.GrantsPerSec)
+				run.GrantLatency.P99 = 2
+			}
+			runs = append(runs, run)
+		}
+	}
+	rep := &Report{Env: Env{Strategies: []string{"optimistic", "lua+gate"}}, Runs: runs}
+	var b bytes.Buffer
+	require.NoError(t, rep.WriteMarkdown(&b))
+	md := b.String()
+	require.Contains(t, md, "| 1000 (1000–1000) | 1000 (0–1100) | 1.00× |", "grants/s counts every run")
+	require.Contains(t, md, "| 2.00 (2.00–2.00) | 2.00 (2.00–2.00) (2 of 3 runs) | 1.00× (not of every run) |")
+	require.Contains(t, md, "| 0.00 / 2.00 / 0.00 | 0.00 / 2.00 / 0.00 (2 of 3 runs) |", "the medians' table too")
+	require.Contains(t, md, "| 70.00 (60.00–80.00) | 65.00 (60.00–70.00) (2 of 3 runs) |")
+}
+
 func TestCSVHasOneLinePerRun(t *testing.T) {
 	var b bytes.Buffer
 	require.NoError(t, sample().WriteCSV(&b))

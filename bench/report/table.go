@@ -85,16 +85,35 @@ func spreadOf(runs []*Run, get func(*Run) (float64, bool)) (Spread, int) {
 	return SpreadOf(vs), len(vs)
 }
 
-// formatSpread is the median and, over several values, their range: "–"
-// for none.
-func formatSpread(s Spread, n int, f func(float64) string) string {
+// formatSpread is the median of n values and, over several, their range:
+// "–" for none. When only n of the cell's of runs had one (a run without
+// a grant has no per-grant figure), it says so, so that a figure of some
+// runs does not pass for the cell's.
+func formatSpread(s Spread, n, of int, f func(float64) string) string {
 	switch n {
 	case 0:
 		return "–"
 	case 1:
-		return f(s.Median)
+		return f(s.Median) + partial(n, of)
 	}
-	return spread(s, f)
+	return spread(s, f) + partial(n, of)
+}
+
+// formatMedian is the median of n values, "–" for none.
+func formatMedian(s Spread, n int, f func(float64) string) string {
+	if n == 0 {
+		return "–"
+	}
+	return f(s.Median)
+}
+
+// partial marks a figure of n of a cell's of runs, when that is some but
+// not all.
+func partial(n, of int) string {
+	if n > 0 && n < of {
+		return fmt.Sprintf(" (%d of %d runs)", n, of)
+	}
+	return ""
 }
 
 // Ratio formats num/den as "0.52×"; "n/a" when den is zero, since a ratio
