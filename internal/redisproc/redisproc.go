@@ -12,6 +12,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -78,7 +79,13 @@ func start(bin, dir string, cluster bool, extra []string, then func(*Server) err
 		if err != nil {
 			return nil, err
 		}
-		s, err := launch(bin, dir, port, cluster, extra)
+		args := extra
+		if cluster {
+			if args, err = withBusPort(extra); err != nil {
+				return nil, err
+			}
+		}
+		s, err := launch(bin, dir, port, cluster, args)
 		if err == nil && then != nil {
 			if err = then(s); err != nil {
 				s.Stop()
@@ -90,6 +97,17 @@ func start(bin, dir string, cluster bool, extra []string, then func(*Server) err
 		last = err
 	}
 	return nil, last
+}
+
+// withBusPort is extra with a free cluster bus port: the default,
+// port+10000, lies beyond 65535 for a port above 55535, which
+// redis-server refuses.
+func withBusPort(extra []string) ([]string, error) {
+	bus, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	return append(slices.Clip(extra), "--cluster-port", strconv.Itoa(bus)), nil
 }
 
 func freePort() (int, error) {

@@ -1,8 +1,10 @@
 package redisproc
 
 import (
+	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -77,4 +79,25 @@ func TestLaunchRejectsAnotherServer(t *testing.T) {
 		own.Stop()
 	}
 	require.Error(t, err, "a real one cannot bind the taken port either")
+}
+
+// A cluster node's port may be any the kernel hands out, above 55535 too,
+// where the default bus port (port+10000) is past 65535: the node gets a
+// free bus port of its own.
+func TestClusterNodeOnAHighPort(t *testing.T) {
+	bin, err := Binary()
+	require.NoError(t, err)
+	port := 0
+	for p := 55536; p < 61000 && port == 0; p += 97 {
+		if l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p))); err == nil {
+			require.NoError(t, l.Close())
+			port = p
+		}
+	}
+	require.NotZero(t, port, "no free port above 55535")
+	args, err := withBusPort(nil)
+	require.NoError(t, err)
+	s, err := launch(bin, t.TempDir(), port, true, args)
+	require.NoError(t, err)
+	s.Stop()
 }
