@@ -100,7 +100,7 @@ func TestHTTPWaitingRequestHandedASlot(t *testing.T) {
 			}
 			first := wait(30000)
 			require.Eventually(t, waiting(1), 10*time.Second, 5*time.Millisecond)
-			second := wait(map[bool]int{false: 30000, true: 1000}[disable])
+			second := wait(map[bool]int{false: 30000, true: 5000}[disable])
 			require.Eventually(t, waiting(2), 10*time.Second, 5*time.Millisecond)
 			// The first release frees the slot: the first request takes
 			// it, and the instance learns that it alone waits for k1.
