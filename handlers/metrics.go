@@ -102,6 +102,15 @@ func (m *Metrics) watchWaiting(waiting func() int) {
 	}, func() float64 { return float64(waiting()) }))
 }
 
+// watchLogDrops exports how many log lines were dropped because the log's
+// reader stalled, read at each scrape.
+func (m *Metrics) watchLogDrops(dropped func() int64) {
+	m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "credpool_log_lines_dropped_total",
+		Help: "Log lines dropped because whatever reads the log (stderr) fell behind: a stalled reader never holds up a request.",
+	}, func() float64 { return float64(dropped()) }))
+}
+
 // watchLiveReads exports how the live state ranking used was come by,
 // read at each scrape.
 func (m *Metrics) watchLiveReads(reads func() broker.LiveReads) {

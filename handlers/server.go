@@ -93,6 +93,9 @@ type Config struct {
 	//
 	// default: slog.Default()
 	Logger *slog.Logger
+	// LogDropped, if set, says how many of Logger's lines were dropped so
+	// far, for the metrics (credpool_log_lines_dropped_total).
+	LogDropped func() int64
 }
 
 // New returns the API's http.Handler.
@@ -126,6 +129,9 @@ func New(cfg Config) (http.Handler, error) {
 	cfg.Metrics.watchLosses(cfg.Admin.Losses)
 	if cfg.Nodes != nil {
 		cfg.Metrics.watchNodes(cfg.Nodes)
+	}
+	if cfg.LogDropped != nil {
+		cfg.Metrics.watchLogDrops(cfg.LogDropped)
 	}
 	gin.SetMode(gin.ReleaseMode)
 	r := gin.New()

@@ -23,6 +23,7 @@ import (
 	"github.com/credpool/credpool/handlers"
 	"github.com/credpool/credpool/internal/broker"
 	"github.com/credpool/credpool/internal/catalog"
+	"github.com/credpool/credpool/internal/logqueue"
 	"github.com/credpool/credpool/internal/postgres"
 	"github.com/credpool/credpool/internal/server"
 	"github.com/credpool/credpool/internal/sqlitex"
@@ -153,7 +154,18 @@ func serve(args []string) error {
 	if err != nil {
 		return err
 	}
-	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
+	// A log reader that goes away (a pipe's) must not kill the service
+	// mid-request: a write to stderr fails (EPIPE) instead of SIGPIPE.
+	signal.Ignore(syscall.SIGPIPE)
+	// Nor may one that stalls hold up a request: lines are queued, and
+	// dropped (counted) when the queue is full.
+	logs := logqueue.New(os.Stderr, logQueue)
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
+		defer cancel()
+		_ = logs.Flush(ctx)
+	}()
+	log := slog.New(slog.NewJSONHandler(logs, nil))
 	// go-redis logs every failed dial of its own (many a second while a
 	// node is down); the service logs a node going down once instead.
 	redis.SetLogger(redisLog{log})
@@ -193,7 +205,7 @@ func serve(args []string) error {
 		InternalKey: cfg.internalKey, AdminKey: cfg.adminKey, Inspect: inspect(cfg.inspect),
 		LiveMaxAge: liveMaxAge(cfg.liveMaxAge),
 		Weights:    &weights, Pools: pools, MaxLease: cfg.maxLease, RequestTimeout: cfg.reqTimeout,
-		Logger: log,
+		Logger: log, LogDropped: logs.Dropped,
 	})
 	if err != nil {
 		return err
@@ -226,18 +238,34 @@ func serve(args []string) error {
 		return err
 	case <-ctx.Done():
 	}
-	log.Info("shutting down: draining requests")
-	shutdown, cancel := context.WithTimeout(context.Background(), drainTimeout)
+	// A second signal stops the process at once.
+	stop()
+	drain := drainFor(cfg.reqTimeout)
+	log.Info("shutting down: draining requests", "within", drain.String())
+	shutdown, cancel := context.WithTimeout(context.Background(), drain)
 	defer cancel()
-	return srv.Shutdown(shutdown)
+	if err := srv.Shutdown(shutdown); err != nil {
+		return fmt.Errorf("requests still running after %s were cut: %w", drain, err)
+	}
+	return nil
 }
 
-// At shutdown, drainTimeout bounds waiting for requests in flight, then
-// closeTimeout the last try of the releases kept for a failed store.
+// At shutdown, drainTimeout bounds waiting for requests in flight (or
+// the request timeout and a margin, if longer), then closeTimeout the last
+// try of the releases kept for a failed store, and the log's last lines.
+// logQueue is how many log lines wait for a slow reader before more are
+// dropped.
 const (
 	drainTimeout = 15 * time.Second
 	closeTimeout = 5 * time.Second
+	logQueue     = 4096
 )
+
+// drainFor is how long the drain at shutdown waits for requests in
+// flight, which may each run for reqTimeout.
+func drainFor(reqTimeout time.Duration) time.Duration {
+	return max(drainTimeout, reqTimeout+closeTimeout)
+}
 
 // httpServer bounds what a client can hold: the whole request must arrive
 // within the read timeout (a slow body is cut off), the answer is written

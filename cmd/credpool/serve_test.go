@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -97,6 +98,15 @@ type serveProcess struct {
 // added, and waits for its "serving" log line.
 func startServe(t *testing.T, env []string, args ...string) *serveProcess {
 	t.Helper()
+	p, stderr := startServeHeld(t, env, args...)
+	go func() { _, _ = io.Copy(io.Discard, stderr) }()
+	return p
+}
+
+// startServeHeld is startServe, but leaves the rest of stderr to the
+// test: to read, to leave unread, or to close.
+func startServeHeld(t *testing.T, env []string, args ...string) (*serveProcess, io.ReadCloser) {
+	t.Helper()
 	cmd := exec.Command(os.Args[0], append([]string{"serve", "--listen", "127.0.0.1:0"}, args...)...)
 	cmd.Env = append(append(os.Environ(), "CREDPOOL_TEST_MAIN=1", "CREDPOOL_REDIS_URL=", "CREDPOOL_INTERNAL_KEY=", "CREDPOOL_ADMIN_KEY=", "CREDPOOL_SECRET_KEY="), env...)
 	stderr, err := cmd.StderrPipe()
@@ -124,8 +134,7 @@ func startServe(t *testing.T, env []string, args ...string) *serveProcess {
 		}
 	}
 	require.NotEmpty(t, p.addr, "no serving line in:\n%s", strings.Join(seen, "\n"))
-	go func() { _, _ = io.Copy(io.Discard, stderr) }()
-	return p
+	return p, stderr
 }
 
 // post sends a JSON body with a key header and decodes the answer.
@@ -177,14 +186,106 @@ func TestServeDemo(t *testing.T) {
 func stop(t *testing.T, p *serveProcess) {
 	t.Helper()
 	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
+	require.NoError(t, p.exit(t, 20*time.Second), "graceful exit after SIGTERM")
+}
+
+// exit waits up to limit for the process to end, and returns how it did.
+func (p *serveProcess) exit(t *testing.T, limit time.Duration) error {
+	t.Helper()
 	done := make(chan error, 1)
 	go func() { done <- p.cmd.Wait() }()
 	select {
 	case err := <-done:
-		require.NoError(t, err, "graceful exit after SIGTERM")
-	case <-time.After(20 * time.Second):
-		t.Fatal("credpool did not exit after SIGTERM")
+		return err
+	case <-time.After(limit):
+		t.Fatalf("credpool did not exit within %s", limit)
+		return nil
 	}
+}
+
+// Whatever reads the service's log (stderr) may stall or go away. A
+// request never waits for its log line: the lines that do not fit the
+// queue are counted, and the service neither hangs nor dies of SIGPIPE.
+func TestServeOutlivesItsLogReader(t *testing.T) {
+	env := []string{"CREDPOOL_INTERNAL_KEY=" + internalK, "CREDPOOL_ADMIN_KEY=" + adminK, "CREDPOOL_SECRET_KEY=" + secretK}
+	client := &http.Client{Timeout: 5 * time.Second}
+	get := func(t *testing.T, p *serveProcess, path string) string {
+		t.Helper()
+		resp, err := client.Get("http://" + p.addr + path)
+		require.NoError(t, err, "no answer")
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+		return string(body)
+	}
+	t.Run("stalled", func(t *testing.T) {
+		p, stderr := startServeHeld(t, env, "--db", filepath.Join(t.TempDir(), "c.db"))
+		defer stderr.Close()
+		// A line each, none read: far more than the pipe (64 KiB) and
+		// the queue (logQueue lines) hold.
+		for range 2 * logQueue {
+			get(t, p, "/healthz")
+		}
+		var dropped float64
+		for _, l := range strings.Split(get(t, p, "/metrics"), "\n") {
+			if v, ok := strings.CutPrefix(l, "credpool_log_lines_dropped_total "); ok {
+				var err error
+				dropped, err = strconv.ParseFloat(v, 64)
+				require.NoError(t, err)
+			}
+		}
+		require.Positive(t, dropped, "credpool_log_lines_dropped_total")
+		stop(t, p)
+	})
+	t.Run("gone", func(t *testing.T) {
+		p, stderr := startServeHeld(t, env, "--db", filepath.Join(t.TempDir(), "c.db"))
+		require.NoError(t, stderr.Close())
+		for range 10 {
+			get(t, p, "/healthz")
+		}
+		stop(t, p)
+	})
+}
+
+// A second signal stops the service at once, while the first one's drain
+// waits for a request in flight (one waiting for a slot).
+func TestServeSecondSignalStopsAtOnce(t *testing.T) {
+	env := []string{"CREDPOOL_INTERNAL_KEY=" + internalK, "CREDPOOL_ADMIN_KEY=" + adminK, "CREDPOOL_SECRET_KEY=" + secretK}
+	p := startServe(t, env, "--db", filepath.Join(t.TempDir(), "c.db"), "--request-timeout", "60s")
+	code, out := p.post(t, http.MethodPut, "/api/admin/keys/solo-1", "X-Admin-Key", adminK,
+		`{"provider":"solo","pool":"default","models":["m"],"secret":"s3cret","max_concurrent_uses":1}`)
+	require.Equal(t, http.StatusOK, code, "%v", out)
+	code, out = p.allocate(t, `{"provider":"solo","model":"m"}`)
+	require.Equal(t, http.StatusOK, code, "%v", out)
+	go func() {
+		// Waits up to 30 s: the drain would wait as long.
+		req, err := http.NewRequest(http.MethodPost, "http://"+p.addr+"/api/internal/allocate-key",
+			strings.NewReader(`{"provider":"solo","model":"m","wait_ms":30000}`))
+		if err != nil {
+			return
+		}
+		req.Header.Set("X-Internal-Key", internalK)
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			_ = resp.Body.Close()
+		}
+	}()
+	time.Sleep(500 * time.Millisecond)
+	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
+	time.Sleep(500 * time.Millisecond)
+	require.NoError(t, p.cmd.Process.Signal(syscall.SIGINT))
+	// Well before the first signal's drain could end: the waiting
+	// request's 30 s.
+	err := p.exit(t, 10*time.Second)
+	var ee *exec.ExitError
+	require.ErrorAs(t, err, &ee, "stopped by the second signal")
+}
+
+// The drain at shutdown lasts at least as long as a request may.
+func TestDrainOutlastsARequest(t *testing.T) {
+	require.Equal(t, drainTimeout, drainFor(time.Second))
+	require.Equal(t, 60*time.Second+closeTimeout, drainFor(time.Minute))
 }
 
 // Two "credpool serve" processes on one SQLite file share catalog and

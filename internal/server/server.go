@@ -95,6 +95,9 @@ type Config struct {
 	//
 	// default: slog.Default()
 	Logger *slog.Logger
+	// LogDropped, if set, says how many log lines were dropped so far
+	// (see logqueue), for the metrics.
+	LogDropped func() int64
 	// WrapCatalog and WrapLeases, if set, wrap what the broker's request
 	// path sees of the catalog and the lease store (not the admin's): the
 	// tests inject faults and pauses with them.
@@ -199,6 +202,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		RequestTimeout: cfg.RequestTimeout,
 		MaxLease:       cfg.MaxLease,
 		Logger:         cfg.Logger,
+		LogDropped:     cfg.LogDropped,
 	})
 	if err != nil {
 		brk.Close(ctx)

@@ -1,0 +1,71 @@
+package logqueue_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/credpool/credpool/internal/logqueue"
+)
+
+// A reader that stalls (a pipe nobody reads) never holds up a Write: the
+// lines past the queue and the pipe's buffer are dropped and counted.
+// Once the reader reads again, Flush waits for the queued lines, which
+// arrive whole and in order.
+func TestStalledReaderNeverBlocksAWrite(t *testing.T) {
+	r, w, err := os.Pipe()
+	require.NoError(t, err)
+	defer r.Close()
+	defer w.Close()
+	q := logqueue.New(w, 100)
+	const n = 20000 // far more than a pipe's 64 KiB and the queue hold
+	for i := range n {
+		_, err := fmt.Fprintf(q, "line %06d %0100d\n", i, 0)
+		require.NoError(t, err)
+	}
+	require.Positive(t, q.Dropped(), "the reader stalled")
+
+	got := make(chan []string, 1)
+	go func() {
+		var lines []string
+		s := bufio.NewScanner(r)
+		for s.Scan() {
+			lines = append(lines, s.Text())
+		}
+		got <- lines
+	}()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	require.NoError(t, q.Flush(ctx))
+	require.NoError(t, w.Close())
+	lines := <-got
+	require.Equal(t, int64(n), int64(len(lines))+q.Dropped(), "each line written or counted")
+	last := -1
+	for _, l := range lines {
+		var i, zero int
+		_, err := fmt.Sscanf(l, "line %06d %0100d", &i, &zero)
+		require.NoError(t, err, "a whole line: %q", l)
+		require.Greater(t, i, last, "in order")
+		last = i
+	}
+}
+
+// Flush gives up when ctx ends while the reader still stalls.
+func TestFlushBoundedByContext(t *testing.T) {
+	r, w, err := os.Pipe()
+	require.NoError(t, err)
+	defer r.Close()
+	defer w.Close()
+	q := logqueue.New(w, 4)
+	for range 10000 {
+		_, _ = fmt.Fprintf(q, "%0200d\n", 0)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
+	defer cancel()
+	require.ErrorIs(t, q.Flush(ctx), context.DeadlineExceeded)
+}
