@@ -2,9 +2,12 @@ package logqueue_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"os"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -68,4 +71,40 @@ func TestFlushBoundedByContext(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
 	defer cancel()
 	require.ErrorIs(t, q.Flush(ctx), context.DeadlineExceeded)
+}
+
+// Lines queued while a write is under way go out together, in one write.
+func TestQueuedLinesGoInOneWrite(t *testing.T) {
+	w := &heldWriter{release: make(chan struct{})}
+	q := logqueue.New(w, 1000)
+	for i := range 100 {
+		_, err := fmt.Fprintf(q, "line %d\n", i)
+		require.NoError(t, err)
+	}
+	close(w.release)
+	require.NoError(t, q.Flush(t.Context()))
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	require.LessOrEqual(t, w.writes, 2, "the first line, then the rest")
+	var want strings.Builder
+	for i := range 100 {
+		fmt.Fprintf(&want, "line %d\n", i)
+	}
+	require.Equal(t, want.String(), w.buf.String())
+}
+
+// heldWriter holds its first write until release is closed.
+type heldWriter struct {
+	release chan struct{}
+	mu      sync.Mutex
+	writes  int
+	buf     bytes.Buffer
+}
+
+func (w *heldWriter) Write(p []byte) (int, error) {
+	<-w.release
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.writes++
+	return w.buf.Write(p)
 }
