@@ -558,6 +558,10 @@ func (b *Broker) allocatePools(ctx context.Context, req Request, model string) (
 		case errors.As(err, &full):
 			wait = sooner(wait, *full)
 			stuck += b.backlog.stuck(ids(cands)...)
+		case errors.Is(err, ErrCatalog) && !errors.Is(err, catalog.ErrSecret):
+			// A catalog locked past its retries is contended too, but it
+			// is the catalog's failure (503), not a hot pool.
+			return Grant{Stats: g.Stats}, err
 		case errors.Is(err, optimistic.ErrContended):
 			// A hot pool is no reason to skip its fallbacks.
 			contended = true
