@@ -197,6 +197,9 @@ func (s *Store) release(ctx context.Context, rdb redis.UniversalClient, ref Leas
 		// A client that routes commands itself: the notice goes alone.
 		n, err := rdb.Do(ctx, notice...).Int64()
 		freed(replies, n, err == nil)
+	} else {
+		// Perhaps freed, and announced by nobody.
+		wake(0, false)
 	}
 	if err != nil {
 		return err

@@ -44,9 +44,22 @@ func TestReleaseOnBothProtocols(t *testing.T) {
 // The caller in line is the test's own, so that nothing but a wake-up
 // reaches it.
 func TestReleaseOfUnknownOutcomeWakesTheNext(t *testing.T) {
+	t.Run("client", func(t *testing.T) {
+		releaseOfUnknownOutcome(t, func(addr string) redis.UniversalClient {
+			return redis.NewClient(&redis.Options{Addr: addr, DialerRetries: 1})
+		})
+	})
+	t.Run("ring", func(t *testing.T) {
+		releaseOfUnknownOutcome(t, func(addr string) redis.UniversalClient {
+			return redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": addr}, DialerRetries: 1})
+		})
+	})
+}
+
+func releaseOfUnknownOutcome(t *testing.T, open func(addr string) redis.UniversalClient) {
 	srv := redistest.Start(t)
 	proxy := redistest.NewProxy(t, srv.Addr)
-	s := storeOn(t, redis.NewClient(&redis.Options{Addr: proxy.Addr, DialerRetries: 1}))
+	s := storeOn(t, open(proxy.Addr))
 	ctx := t.Context()
 	require.NoError(t, s.SyncKey(ctx, KeyState{ID: "k", Provider: "openai", Pool: "default", Status: StatusAvailable, MaxConcurrentUses: 1}))
 	held, _, err := s.Allocate(ctx, waitReq(0))
