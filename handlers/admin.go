@@ -116,7 +116,7 @@ func (req putKeyRequest) key(c *gin.Context, prefix, id string) (catalog.Key, bo
 	}
 	for i, m := range req.Models {
 		if catalog.CheckModel("model", m) != nil {
-			invalid(c, fmt.Sprintf("%smodels[%d]", prefix, i), "want 1-256 characters, no spaces or control characters")
+			invalid(c, fmt.Sprintf("%smodels[%d]", prefix, i), "want 1-256 characters, no spaces, commas or control characters")
 			return catalog.Key{}, false
 		}
 	}
@@ -272,7 +272,7 @@ func (a adminAPI) setAlias(c *gin.Context) {
 	}
 	for _, f := range []struct{ name, v string }{{"alias", alias}, {"model", req.Model}} {
 		if catalog.CheckModel(f.name, f.v) != nil {
-			invalid(c, f.name, "required, at most 256 characters, no spaces or control characters")
+			invalid(c, f.name, "required, at most 256 characters, no spaces, commas or control characters")
 			return
 		}
 	}

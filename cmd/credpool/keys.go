@@ -268,7 +268,7 @@ func (f *putFlags) register(fs *flag.FlagSet) {
 func (c cli) put(ctx context.Context, adm *client.Admin, out output, id string, f putFlags) error {
 	r := row{
 		ID: id, Provider: f.provider, Pool: f.pool, Status: f.status, Limit: strconv.Itoa(f.limit),
-		Models: strings.FieldsFunc(f.models, func(r rune) bool { return r == ',' || r == ' ' }),
+		Models: splitModels(f.models),
 	}
 	if problems := r.check(); len(problems) > 0 {
 		return errors.New(strings.Join(problems, "; "))
@@ -492,7 +492,7 @@ func readCSV(in io.Reader) ([]row, error) {
 		line, _ := cr.FieldPos(0)
 		rows = append(rows, row{
 			Line: line, ID: get(rec, "id"), Provider: get(rec, "provider"), Pool: get(rec, "pool"),
-			Models: strings.Fields(get(rec, "models")), Secret: client.Secret(get(rec, "secret")),
+			Models: splitModels(get(rec, "models")), Secret: client.Secret(get(rec, "secret")),
 			Status: get(rec, "status"), Limit: get(rec, "max_concurrent_uses"),
 		})
 	}
@@ -649,4 +649,10 @@ func (o output) plan(p importPlan) error {
 	_, err := fmt.Fprintf(o.w, "%d key(s) %screated, %d %supdated, %d unchanged\n",
 		len(p.Created), verb, len(p.Updated), verb, p.Unchanged)
 	return err
+}
+
+// splitModels splits a list of models at commas and spaces, as --models
+// and a CSV file's models cell give them.
+func splitModels(s string) []string {
+	return strings.FieldsFunc(s, func(r rune) bool { return r == ',' || r == ' ' })
 }

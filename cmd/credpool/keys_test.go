@@ -204,6 +204,18 @@ func TestKeysImportCSVWithBOM(t *testing.T) {
 	require.Contains(t, a.keys(), "imp-0001")
 }
 
+// A CSV models cell lists its models as --models does: at spaces or
+// commas (a list with commas is a quoted cell). Never one model named
+// "a,b", which no request would ever ask for.
+func TestKeysImportCSVModelsWithCommas(t *testing.T) {
+	a := startAdmin(t)
+	csv := "id,provider,models,secret\nf2,openai,\"gpt-4o-2024-08-06,gpt-4o-mini\",sk-f2-xxxxxxxx\n"
+	out, errOut, err := a.run("", "keys", "import", writeFile(t, "commas.csv", csv))
+	require.NoError(t, err, errOut)
+	require.Equal(t, "1 key(s) created, 0 updated, 0 unchanged\n", out)
+	require.Equal(t, []string{"gpt-4o-2024-08-06", "gpt-4o-mini"}, a.keys()["f2"].Models)
+}
+
 // The service refusing the one request of an import (here a secret over
 // its bound on the 30th row, which the command's own checks let through)
 // writes nothing: not the rows before it either.

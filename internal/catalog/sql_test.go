@@ -133,6 +133,7 @@ func TestPutValidation(t *testing.T) {
 			{"no models", func(k *catalog.Key) { k.Models = nil }, "models"},
 			{"empty model", func(k *catalog.Key) { k.Models = []string{"gpt-4o", ""} }, "model"},
 			{"padded model", func(k *catalog.Key) { k.Models = []string{" gpt-4o"} }, "model"},
+			{"a list for a model", func(k *catalog.Key) { k.Models = []string{"gpt-4o,gpt-4o-mini"} }, "model"},
 			{"no secret", func(k *catalog.Key) { k.Secret = "" }, "secret"},
 			{"a blank secret", func(k *catalog.Key) { k.Secret = " \t" }, "secret"},
 			{"zero limit", func(k *catalog.Key) { k.MaxConcurrentUses = 0 }, "max_concurrent_uses"},

@@ -49,12 +49,13 @@ func validate(k Key) error {
 func CheckModel(field, s string) error {
 	ok := s != "" && len(s) <= maxModelLen
 	for _, r := range s {
-		if unicode.IsSpace(r) || unicode.IsControl(r) || r == unicode.ReplacementChar {
+		// A comma means a list pasted as one name (a,b): no model has one.
+		if unicode.IsSpace(r) || unicode.IsControl(r) || r == unicode.ReplacementChar || r == ',' {
 			ok = false
 		}
 	}
 	if !ok {
-		return invalidf("%s: want 1-%d characters, no spaces or control characters", field, maxModelLen)
+		return invalidf("%s: want 1-%d characters, no spaces, commas or control characters", field, maxModelLen)
 	}
 	return nil
 }
