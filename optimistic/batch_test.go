@@ -2,7 +2,9 @@ package optimistic
 
 import (
 	"context"
+	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -72,12 +74,27 @@ func lineUpCalls(t *testing.T, s *Store, calls ...lineCall) (out chan allocated,
 			l, st, err := s.Allocate(ctx, AllocateRequest{Provider: "p", Pool: c.pool, Candidates: []string{"k"}, TTL: time.Minute})
 			out <- allocated{lease: l, stats: st, err: err, pool: c.pool, i: i}
 		}()
-		// In line, and at the turn (behind the holder and those before).
+		// In line, and asleep at the turn (behind the holder and those
+		// before): the gate counts a user before it sleeps, and the
+		// turn goes to the callers in the order they fell asleep.
 		require.Eventually(t, func() bool {
-			return s.lines.lineLen("k") == want && s.gates.Users("k") == want+1
+			return s.lines.lineLen("k") == want && s.gates.Users("k") == want+1 && asleepAtTheGate() == want
 		}, 5*time.Second, time.Millisecond)
 	}
 	return out, release
+}
+
+// asleepAtTheGate counts lineUpCalls's callers asleep in keygate's Enter.
+func asleepAtTheGate() int {
+	buf := make([]byte, 1<<22)
+	buf = buf[:runtime.Stack(buf, true)]
+	n := 0
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		if strings.Contains(g, " [select") && strings.Contains(g, "keygate.(*Set).Enter") && strings.Contains(g, "optimistic.lineUpCalls") {
+			n++
+		}
+	}
+	return n
 }
 
 // granted collects n grants from out and checks their fences differ.
