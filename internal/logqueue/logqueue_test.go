@@ -21,10 +21,7 @@ import (
 // Once the reader reads again, Flush waits for the queued lines, which
 // arrive whole and in order.
 func TestStalledReaderNeverBlocksAWrite(t *testing.T) {
-	r, w, err := os.Pipe()
-	require.NoError(t, err)
-	defer r.Close()
-	defer w.Close()
+	r, w := pipe(t)
 	q := logqueue.New(w, 100)
 	const n = 20000 // far more than a pipe's 64 KiB and the queue hold
 	for i := range n {
@@ -60,10 +57,7 @@ func TestStalledReaderNeverBlocksAWrite(t *testing.T) {
 
 // Flush gives up when ctx ends while the reader still stalls.
 func TestFlushBoundedByContext(t *testing.T) {
-	r, w, err := os.Pipe()
-	require.NoError(t, err)
-	defer r.Close()
-	defer w.Close()
+	_, w := pipe(t)
 	q := logqueue.New(w, 4)
 	for range 10000 {
 		_, _ = fmt.Fprintf(q, "%0200d\n", 0)
@@ -71,6 +65,19 @@ func TestFlushBoundedByContext(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
 	defer cancel()
 	require.ErrorIs(t, q.Flush(ctx), context.DeadlineExceeded)
+}
+
+// pipe is an OS pipe that nobody reads until the test does, closed when
+// the test ends.
+func pipe(t *testing.T) (r, w *os.File) {
+	t.Helper()
+	r, w, err := os.Pipe()
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_ = r.Close()
+		_ = w.Close()
+	})
+	return r, w
 }
 
 // Lines queued while a write is under way go out together, in one write.
