@@ -167,10 +167,40 @@ func (a *Admin) Sync(ctx context.Context) (int, error) {
 	return out.Synced, err
 }
 
-// SetAlias makes requests of provider for alias get keys serving model.
+// Alias is a model alias: requests of Provider for Alias get keys serving
+// Model.
+type Alias struct {
+	Provider string `json:"provider"`
+	Alias    string `json:"alias"`
+	Model    string `json:"model"`
+}
+
+// SetAlias makes requests of provider for alias get keys serving model,
+// replacing the alias's earlier target. An alias comes before a model of
+// the same name.
 func (a *Admin) SetAlias(ctx context.Context, provider, alias, model string) error {
 	body := struct {
 		Model string `json:"model"`
 	}{model}
-	return a.do(ctx, "PUT", "/api/admin/aliases/"+url.PathEscape(provider)+"/"+url.PathEscape(alias), body, nil)
+	return a.do(ctx, "PUT", aliasPath(provider, alias), body, nil)
+}
+
+// DeleteAlias removes provider's alias: requests for it then get keys
+// serving a model of that name. ErrAliasNotFound if there is none.
+func (a *Admin) DeleteAlias(ctx context.Context, provider, alias string) error {
+	return a.do(ctx, "DELETE", aliasPath(provider, alias), nil, nil)
+}
+
+// Aliases returns every alias, by provider then alias.
+func (a *Admin) Aliases(ctx context.Context) ([]Alias, error) {
+	var out struct {
+		Aliases []Alias `json:"aliases"`
+	}
+	err := a.do(ctx, "GET", "/api/admin/aliases", nil, &out)
+	return out.Aliases, err
+}
+
+// aliasPath is an alias's route; an alias may hold a "/", sent escaped.
+func aliasPath(provider, alias string) string {
+	return "/api/admin/aliases/" + url.PathEscape(provider) + "/" + url.PathEscape(alias)
 }

@@ -203,6 +203,49 @@ func TestAdminKeys(t *testing.T) {
 	require.True(t, keys[1].InStore)
 }
 
+// Aliases are listed and deleted as they are set, and an alias comes
+// before a model of its name until it is deleted.
+func TestAdminAliases(t *testing.T) {
+	s := start(t)
+	c, adm := clients(t, s, nil)
+	ctx := t.Context()
+	putKey(t, adm, "k", 2)
+	list := func() []client.Alias {
+		t.Helper()
+		all, err := adm.Aliases(ctx)
+		require.NoError(t, err)
+		return all
+	}
+	require.Empty(t, list())
+
+	require.NoError(t, adm.SetAlias(ctx, "openai", "meta/llama", "gpt-4o-2024-08-06"))
+	require.NoError(t, adm.SetAlias(ctx, "openai", "gpt-4o-2024-08-06", "gpt-5"))
+	require.Equal(t, []client.Alias{
+		{Provider: "openai", Alias: "gpt-4o-2024-08-06", Model: "gpt-5"},
+		{Provider: "openai", Alias: "meta/llama", Model: "gpt-4o-2024-08-06"},
+	}, list())
+
+	req := request()
+	_, err := c.Allocate(ctx, req)
+	require.ErrorIs(t, err, client.ErrPolicyConflict, "the alias comes before the model of its name")
+	require.Contains(t, err.Error(), "gpt-5", "the answer names the model the alias resolved to")
+	require.NoError(t, adm.DeleteAlias(ctx, "openai", "gpt-4o-2024-08-06"))
+	l, err := c.Allocate(ctx, req)
+	require.NoError(t, err, "the model is reached again")
+	require.Equal(t, "k", l.KeyID)
+
+	require.NoError(t, adm.DeleteAlias(ctx, "openai", "meta/llama"), "a / in an alias is escaped")
+	require.Empty(t, list())
+	err = adm.DeleteAlias(ctx, "openai", "meta/llama")
+	require.ErrorIs(t, err, client.ErrAliasNotFound)
+	require.NotErrorIs(t, err, client.ErrKeyNotFound)
+	err = adm.DeleteAlias(ctx, "openai", "two words")
+	require.ErrorIs(t, err, client.ErrInvalidRequest)
+	var apiErr *client.Error
+	require.ErrorAs(t, err, &apiErr)
+	require.Equal(t, "alias", apiErr.Field)
+}
+
 func TestNewRefusesBadConfig(t *testing.T) {
 	for _, u := range []string{"", "localhost:8080", "ftp://host", "http://"} {
 		_, err := client.New(u, internalKey, nil)

@@ -56,6 +56,9 @@ var (
 	ErrUnauthorized = errors.New("client: unauthorized")
 	// ErrKeyNotFound (404 key_not_found): admin, no key has that id.
 	ErrKeyNotFound = errors.New("client: key not found")
+	// ErrAliasNotFound (404 alias_not_found): admin, the provider has no
+	// such alias.
+	ErrAliasNotFound = errors.New("client: alias not found")
 	// ErrUnreachable: no answer came back (connection refused or cut, the
 	// client's Timeout), while the caller's ctx was still live; or a proxy
 	// in between answered 502, 503 or 504 in its own words.
@@ -85,6 +88,7 @@ var codes = map[string]error{
 	"body_too_large":      ErrInvalidRequest,
 	"unauthorized":        ErrUnauthorized,
 	"key_not_found":       ErrKeyNotFound,
+	"alias_not_found":     ErrAliasNotFound,
 }
 
 // Error is an error answer of the service: its status, code and message.

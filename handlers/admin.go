@@ -265,22 +265,69 @@ func (a adminAPI) setAlias(c *gin.Context) {
 	if !decode(c, &req) {
 		return
 	}
-	provider, alias := param(c, "provider"), param(c, "alias")
-	// The catalog checks these too; here the answer names the field.
-	if !validID(c, "provider", provider) {
+	provider, alias, ok := aliasParams(c)
+	if !ok {
 		return
 	}
-	for _, f := range []struct{ name, v string }{{"alias", alias}, {"model", req.Model}} {
-		if catalog.CheckModel(f.name, f.v) != nil {
-			invalid(c, f.name, "required, at most 256 characters, no spaces, commas or control characters")
-			return
-		}
+	if catalog.CheckModel("model", req.Model) != nil {
+		invalid(c, "model", modelRule)
+		return
 	}
 	if err := a.admin.SetAlias(c.Request.Context(), provider, alias, req.Model); err != nil {
 		failErr(c, err)
 		return
 	}
-	c.JSON(http.StatusOK, gin.H{"provider": provider, "alias": alias, "model": req.Model})
+	c.JSON(http.StatusOK, aliasView{Provider: provider, Alias: alias, Model: req.Model})
+}
+
+func (a adminAPI) deleteAlias(c *gin.Context) {
+	provider, alias, ok := aliasParams(c)
+	if !ok {
+		return
+	}
+	if err := a.admin.DeleteAlias(c.Request.Context(), provider, alias); err != nil {
+		failErr(c, err)
+		return
+	}
+	c.JSON(http.StatusOK, gin.H{"provider": provider, "deleted": alias})
+}
+
+func (a adminAPI) aliases(c *gin.Context) {
+	all, err := a.admin.Aliases(c.Request.Context())
+	if err != nil {
+		failErr(c, err)
+		return
+	}
+	out := make([]aliasView, len(all))
+	for i, al := range all {
+		out[i] = aliasView{Provider: al.Provider, Alias: al.Name, Model: al.Model}
+	}
+	c.JSON(http.StatusOK, gin.H{"aliases": out})
+}
+
+// aliasView is an alias on the wire.
+type aliasView struct {
+	Provider string `json:"provider"`
+	Alias    string `json:"alias"`
+	Model    string `json:"model"`
+}
+
+// modelRule is what a 400 for a model or alias says it wants.
+const modelRule = "required, at most 256 characters, no spaces, commas or control characters"
+
+// aliasParams reads and checks the path's provider and alias, answering a
+// 400 that names the bad one. The catalog checks them too; here the
+// answer names the field.
+func aliasParams(c *gin.Context) (provider, alias string, ok bool) {
+	provider, alias = param(c, "provider"), param(c, "alias")
+	if !validID(c, "provider", provider) {
+		return "", "", false
+	}
+	if catalog.CheckModel("alias", alias) != nil {
+		invalid(c, "alias", modelRule)
+		return "", "", false
+	}
+	return provider, alias, true
 }
 
 // param is c's path parameter name as the caller meant it: gin leaves the

@@ -47,6 +47,8 @@ func (f *failing) Delete(context.Context, string) error                   { retu
 func (f *failing) ClearLeases(context.Context, string) (int, error)       { return 0, f.err }
 func (f *failing) Sync(context.Context) (int, error)                      { return 0, f.err }
 func (f *failing) SetAlias(context.Context, string, string, string) error { return f.err }
+func (f *failing) DeleteAlias(context.Context, string, string) error      { return f.err }
+func (f *failing) Aliases(context.Context) ([]catalog.Alias, error)       { return nil, f.err }
 func (f *failing) Ready(context.Context) error                            { return f.err }
 func (f *failing) Losses(context.Context) (broker.LossReport, error)      { return broker.LossReport{}, nil }
 
@@ -70,7 +72,10 @@ func TestOpenAPIHasEveryErrorOfEveryRoute(t *testing.T) {
 		{"DELETE", "/api/admin/keys/:id", "/api/admin/keys/k", ""},
 		{"POST", "/api/admin/keys/:id/clear-leases", "/api/admin/keys/k/clear-leases", ""},
 		{"POST", "", "/api/admin/sync", ""},
+		{"GET", "", "/api/admin/aliases", ""},
 		{"PUT", "/api/admin/aliases/:provider/:alias", "/api/admin/aliases/openai/fast", `{"model":"m"}`},
+		// Another alias: only a delete can find none.
+		{"DELETE", "/api/admin/aliases/:provider/:alias", "/api/admin/aliases/openai/old", ""},
 		{"GET", "", "/readyz", ""},
 	}
 	byName := func(paths ...string) func(string) bool {
@@ -88,6 +93,8 @@ func TestOpenAPIHasEveryErrorOfEveryRoute(t *testing.T) {
 		// A key missing from the catalog is reported only when read by its
 		// id; renew, release and report turn it into a lost lease.
 		"key_not_found": func(p string) bool { return !strings.HasPrefix(p, "/api/admin/keys/") },
+		// Only a delete of an alias can find it missing; a set creates it.
+		"alias_not_found": func(p string) bool { return p != "/api/admin/aliases/openai/old" },
 		// Only a lease's routes meet a lost lease; an allocation replaying a
 		// lost one grants afresh.
 		"lease_lost": func(p string) bool {
@@ -97,9 +104,9 @@ func TestOpenAPIHasEveryErrorOfEveryRoute(t *testing.T) {
 		// only a renewal fails on it.
 		"owner_mismatch": func(p string) bool { return p != "/api/internal/renew" },
 		// Routes without input have nothing to be invalid.
-		"invalid_request": byName("/api/admin/keys", "/api/admin/sync", "/readyz"),
+		"invalid_request": byName("/api/admin/keys", "/api/admin/sync", "/api/admin/aliases", "/readyz"),
 		// Aliases live in the catalog alone, whose busy is catalog_unavailable.
-		"contended": byName("/api/admin/aliases/openai/fast"),
+		"contended": byName("/api/admin/aliases", "/api/admin/aliases/openai/fast", "/api/admin/aliases/openai/old"),
 	}
 
 	stub := &failing{}

@@ -43,6 +43,7 @@ var errorCodes = []struct {
 	{broker.ErrCatalog, http.StatusServiceUnavailable, "catalog_unavailable"},
 	{broker.ErrNoCandidates, http.StatusNotFound, "no_candidates"},
 	{catalog.ErrNotFound, http.StatusNotFound, "key_not_found"},
+	{catalog.ErrAliasNotFound, http.StatusNotFound, "alias_not_found"},
 	{broker.ErrPolicy, http.StatusConflict, "policy_conflict"},
 	{requestlog.ErrInFlight, http.StatusConflict, "request_in_flight"},
 	{requestlog.ErrReused, http.StatusConflict, "request_id_reused"},

@@ -65,7 +65,7 @@ func (a internalAPI) allocate(c *gin.Context) {
 		return
 	}
 	if catalog.CheckModel("model", req.Model) != nil {
-		invalid(c, "model", "required, at most 256 characters, no spaces, commas or control characters")
+		invalid(c, "model", modelRule)
 		return
 	}
 	if req.RequestID != "" && !validID(c, "request_id", req.RequestID) {

@@ -50,6 +50,8 @@ type Admin interface {
 	ClearLeases(ctx context.Context, id string) (int, error)
 	Sync(ctx context.Context) (int, error)
 	SetAlias(ctx context.Context, provider, alias, model string) error
+	DeleteAlias(ctx context.Context, provider, alias string) error
+	Aliases(ctx context.Context) ([]catalog.Alias, error)
 	Ready(ctx context.Context) error
 	// Losses reports keys the lease store lost and that are held back.
 	Losses(ctx context.Context) (broker.LossReport, error)
@@ -201,7 +203,9 @@ func New(cfg Config) (http.Handler, error) {
 	admin.DELETE("/keys/:id", ad.delete)
 	admin.POST("/keys/:id/clear-leases", ad.clearLeases)
 	admin.POST("/sync", ad.sync)
+	admin.GET("/aliases", ad.aliases)
 	admin.PUT("/aliases/:provider/:alias", ad.setAlias)
+	admin.DELETE("/aliases/:provider/:alias", ad.deleteAlias)
 	return r, nil
 }
 

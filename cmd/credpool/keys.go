@@ -33,7 +33,11 @@ const adminUsage = `usage:
   credpool keys delete ID
   credpool keys clear-leases ID         force-release every lease of the key
   credpool keys import FILE|- [--format csv|jsonl] [--dry-run] [--update-secrets]
+  credpool aliases list                 every alias
   credpool aliases set PROVIDER ALIAS MODEL
+                                        requests for ALIAS get keys serving MODEL;
+                                        an alias comes before a model of its name
+  credpool aliases delete PROVIDER ALIAS
 
 Every command takes:
   --url URL              the service (CREDPOOL_URL; default http://127.0.0.1:8080)
@@ -100,7 +104,7 @@ func (c cli) run(cmd string, args []string) error {
 	}
 	n, ok := map[string]int{
 		"keys list": 0, "keys get": 1, "keys put": 1, "keys delete": 1, "keys clear-leases": 1,
-		"keys import": 1, "aliases set": 3,
+		"keys import": 1, "aliases list": 0, "aliases set": 3, "aliases delete": 2,
 	}[sub]
 	if !ok {
 		fmt.Fprint(c.stderr, adminUsage)
@@ -151,12 +155,24 @@ func (c cli) run(cmd string, args []string) error {
 		return out.result(map[string]any{"cleared": n}, fmt.Sprintf("cleared %d lease(s) of %s", n, pos[0]))
 	case "keys import":
 		return c.importKeys(ctx, adm, out, pos[0], imp)
-	default: // aliases set
+	case "aliases list":
+		all, err := adm.Aliases(ctx)
+		if err != nil {
+			return err
+		}
+		return out.aliases(all)
+	case "aliases set":
 		if err := adm.SetAlias(ctx, pos[0], pos[1], pos[2]); err != nil {
 			return err
 		}
-		return out.result(map[string]any{"provider": pos[0], "alias": pos[1], "model": pos[2]},
+		return out.result(client.Alias{Provider: pos[0], Alias: pos[1], Model: pos[2]},
 			fmt.Sprintf("%s/%s → %s", pos[0], pos[1], pos[2]))
+	default: // aliases delete
+		if err := adm.DeleteAlias(ctx, pos[0], pos[1]); err != nil {
+			return err
+		}
+		return out.result(map[string]any{"provider": pos[0], "deleted": pos[1]},
+			fmt.Sprintf("deleted alias %s of %s", pos[1], pos[0]))
 	}
 }
 
@@ -246,6 +262,18 @@ func (o output) keys(keys []client.Key) error {
 	for _, k := range keys {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%s\n", k.ID, k.Provider, k.Pool, k.Status,
 			k.MaxConcurrentUses, k.LiveLeases, k.Successes, k.Errors, strings.Join(k.Models, " "))
+	}
+	return tw.Flush()
+}
+
+func (o output) aliases(all []client.Alias) error {
+	if o.json {
+		return json.NewEncoder(o.w).Encode(all)
+	}
+	tw := tabwriter.NewWriter(o.w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "PROVIDER\tALIAS\tMODEL")
+	for _, a := range all {
+		fmt.Fprintf(tw, "%s\t%s\t%s\n", a.Provider, a.Alias, a.Model)
 	}
 	return tw.Flush()
 }

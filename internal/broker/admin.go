@@ -19,6 +19,8 @@ type AdminCatalog interface {
 	List(ctx context.Context, provider, pool string) ([]catalog.Key, error)
 	Delete(ctx context.Context, id string) error
 	SetAlias(ctx context.Context, provider, alias, model string) error
+	DeleteAlias(ctx context.Context, provider, alias string) error
+	Aliases(ctx context.Context) ([]catalog.Alias, error)
 	Ping(ctx context.Context) error
 	Quarantined(ctx context.Context, now time.Time) (int, time.Time, error)
 	syncCatalog
@@ -196,6 +198,18 @@ func (a *Admin) Losses(ctx context.Context) (LossReport, error) {
 // SetAlias makes alias name model for the provider's requests.
 func (a *Admin) SetAlias(ctx context.Context, provider, alias, model string) error {
 	return catalogErr(ctx, "set alias", a.catalog.SetAlias(ctx, provider, alias, model))
+}
+
+// DeleteAlias removes the provider's alias; catalog.ErrAliasNotFound if
+// there is none.
+func (a *Admin) DeleteAlias(ctx context.Context, provider, alias string) error {
+	return catalogErr(ctx, "delete alias", a.catalog.DeleteAlias(ctx, provider, alias))
+}
+
+// Aliases returns every alias, by provider then name.
+func (a *Admin) Aliases(ctx context.Context) ([]catalog.Alias, error) {
+	all, err := a.catalog.Aliases(ctx)
+	return all, catalogErr(ctx, "list aliases", err)
 }
 
 // Ready reports whether the catalog and the store answer.

@@ -667,7 +667,7 @@ func catalogErr(ctx context.Context, op string, err error) error {
 	switch {
 	case err == nil:
 		return nil
-	case errors.Is(err, catalog.ErrNotFound), errors.Is(err, optimistic.ErrInvalid):
+	case errors.Is(err, catalog.ErrNotFound), errors.Is(err, catalog.ErrAliasNotFound), errors.Is(err, optimistic.ErrInvalid):
 		return err
 	case ctx.Err() != nil:
 		return errors.Join(fmt.Errorf("broker: %s: %w", op, err), ctx.Err())
