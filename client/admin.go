@@ -96,6 +96,28 @@ func (a *Admin) PutKey(ctx context.Context, id string, k KeySpec) (Key, error) {
 	return out, err
 }
 
+// KeyUpdate is what UpdateKey changes of a key; a nil field is kept. The
+// secret and provider change only by PutKey.
+type KeyUpdate struct {
+	Pool   *string  `json:"pool,omitempty"`
+	Models []string `json:"models,omitempty"`
+	// Status replaces the key's status and cooldown together:
+	// CooldownUntil is read only with rate_limited or cooldown, and a
+	// Status without it clears the cooldown.
+	Status            *string    `json:"status,omitempty"`
+	CooldownUntil     *time.Time `json:"cooldown_until,omitempty"`
+	MaxConcurrentUses *int       `json:"max_concurrent_uses,omitempty"`
+}
+
+// UpdateKey changes the fields u sets of key id, without its secret, and
+// syncs the lease store; it returns the key as stored. Once it returns, a
+// key it disabled takes no new lease. ErrKeyNotFound if there is none.
+func (a *Admin) UpdateKey(ctx context.Context, id string, u KeyUpdate) (Key, error) {
+	var out Key
+	err := a.do(ctx, "PATCH", "/api/admin/keys/"+url.PathEscape(id), u, &out)
+	return out, err
+}
+
 // MaxPutKeys is the most keys one PutKeys takes.
 const MaxPutKeys = 1000
 

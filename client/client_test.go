@@ -203,6 +203,53 @@ func TestAdminKeys(t *testing.T) {
 	require.True(t, keys[1].InStore)
 }
 
+// A key is disabled without its secret, and takes no lease once that
+// returns; its secret and counters stay.
+func TestAdminUpdateKey(t *testing.T) {
+	s := start(t)
+	c, adm := clients(t, s, nil)
+	ctx := t.Context()
+	putKey(t, adm, "k", 2)
+	held, err := c.Allocate(ctx, request())
+	require.NoError(t, err)
+	require.NoError(t, c.Report(ctx, held.LeaseRef, client.Success, 0))
+	held, err = c.Allocate(ctx, request())
+	require.NoError(t, err)
+
+	disabled := "disabled"
+	k, err := adm.UpdateKey(ctx, "k", client.KeyUpdate{Status: &disabled})
+	require.NoError(t, err)
+	require.Equal(t, "disabled", k.Status)
+	require.Equal(t, 2, k.MaxConcurrentUses, "kept")
+	_, err = c.Allocate(ctx, request())
+	require.ErrorIs(t, err, client.ErrPolicyConflict, "no lease once disabled")
+	require.NoError(t, c.Release(ctx, held.LeaseRef), "a lease held before is released as usual")
+
+	available, limit := "available", 3
+	k, err = adm.UpdateKey(ctx, "k", client.KeyUpdate{Status: &available, MaxConcurrentUses: &limit})
+	require.NoError(t, err)
+	require.Equal(t, 3, k.MaxConcurrentUses)
+	l, err := c.Allocate(ctx, request())
+	require.NoError(t, err)
+	require.Equal(t, "sk-test-k", l.Credential.APIKey.Reveal(), "the secret is kept")
+	require.NoError(t, c.Release(ctx, l.LeaseRef))
+
+	_, err = adm.UpdateKey(ctx, "nope", client.KeyUpdate{Status: &disabled})
+	require.ErrorIs(t, err, client.ErrKeyNotFound)
+	var apiErr *client.Error
+	_, err = adm.UpdateKey(ctx, "k", client.KeyUpdate{})
+	require.ErrorIs(t, err, client.ErrInvalidRequest)
+	require.ErrorContains(t, err, "want a field to change")
+	zero := 0
+	_, err = adm.UpdateKey(ctx, "k", client.KeyUpdate{MaxConcurrentUses: &zero})
+	require.ErrorAs(t, err, &apiErr)
+	require.Equal(t, "max_concurrent_uses", apiErr.Field)
+	until := time.Now().Add(time.Hour)
+	_, err = adm.UpdateKey(ctx, "k", client.KeyUpdate{CooldownUntil: &until})
+	require.ErrorAs(t, err, &apiErr)
+	require.Equal(t, "cooldown_until", apiErr.Field)
+}
+
 // Aliases are listed and deleted as they are set, and an alias comes
 // before a model of its name until it is deleted.
 func TestAdminAliases(t *testing.T) {

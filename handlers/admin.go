@@ -92,6 +92,72 @@ func (a adminAPI) put(c *gin.Context) {
 	a.respondKey(c, id)
 }
 
+// patchKeyRequest is PATCH /api/admin/keys/{id}'s body: the fields to
+// change, the others kept. No secret or provider: those need a PUT.
+type patchKeyRequest struct {
+	Pool              *string            `json:"pool"`
+	Models            []string           `json:"models"`
+	Status            *optimistic.Status `json:"status"`
+	CooldownUntil     *time.Time         `json:"cooldown_until"`
+	MaxConcurrentUses *int               `json:"max_concurrent_uses"`
+}
+
+func (a adminAPI) update(c *gin.Context) {
+	id := param(c, "id")
+	if !validID(c, "id", id) {
+		return
+	}
+	c.Set(logKeyID, id)
+	var req patchKeyRequest
+	if !decode(c, &req) {
+		return
+	}
+	p, ok := req.patch(c)
+	if !ok {
+		return
+	}
+	if _, err := a.admin.Update(c.Request.Context(), id, p); err != nil {
+		failErr(c, err)
+		return
+	}
+	a.respondKey(c, id)
+}
+
+// patch is the catalog patch req asks for; on a bad field it has written
+// the 400 naming it, and returns false.
+func (req patchKeyRequest) patch(c *gin.Context) (catalog.Patch, bool) {
+	switch {
+	case req.CooldownUntil != nil && req.Status == nil:
+		invalid(c, "cooldown_until", "want it with status rate_limited or cooldown")
+		return catalog.Patch{}, false
+	case req.Pool == nil && req.Models == nil && req.Status == nil && req.MaxConcurrentUses == nil:
+		fail(c, http.StatusBadRequest, "invalid_request",
+			"want a field to change: pool, models, status (with cooldown_until) or max_concurrent_uses; the secret and provider change only by PUT", "")
+		return catalog.Patch{}, false
+	case req.Status != nil && !req.Status.Valid():
+		invalid(c, "status", "want available, pending, disabled, exhausted, rate_limited or cooldown")
+		return catalog.Patch{}, false
+	case req.Pool != nil && !validID(c, "pool", *req.Pool):
+		return catalog.Patch{}, false
+	case req.Models != nil && len(req.Models) == 0:
+		invalid(c, "models", "want at least one model")
+		return catalog.Patch{}, false
+	case req.MaxConcurrentUses != nil && *req.MaxConcurrentUses < 1:
+		invalid(c, "max_concurrent_uses", "want at least 1")
+		return catalog.Patch{}, false
+	}
+	for i, m := range req.Models {
+		if catalog.CheckModel("model", m) != nil {
+			invalid(c, fmt.Sprintf("models[%d]", i), modelRule)
+			return catalog.Patch{}, false
+		}
+	}
+	return catalog.Patch{
+		Pool: req.Pool, Models: req.Models, Status: req.Status,
+		CooldownUntil: req.CooldownUntil, MaxConcurrentUses: req.MaxConcurrentUses,
+	}, true
+}
+
 // key is the catalog key req asks to write as id; on a bad field it has
 // written the 400, its field named with prefix, and returns false.
 func (req putKeyRequest) key(c *gin.Context, prefix, id string) (catalog.Key, bool) {

@@ -36,6 +36,9 @@ func (f *failing) Report(context.Context, optimistic.LeaseRef, catalog.Outcome, 
 	return f.err
 }
 func (f *failing) Put(context.Context, catalog.Key) (catalog.Key, error) { return catalog.Key{}, f.err }
+func (f *failing) Update(context.Context, string, catalog.Patch) (catalog.Key, error) {
+	return catalog.Key{}, f.err
+}
 func (f *failing) PutMany(context.Context, ...catalog.Key) ([]catalog.Key, error) {
 	return nil, f.err
 }
@@ -69,6 +72,7 @@ func TestOpenAPIHasEveryErrorOfEveryRoute(t *testing.T) {
 		{"PUT", "", "/api/admin/keys", `[{"id":"k",` + key + `}]`},
 		{"GET", "/api/admin/keys/:id", "/api/admin/keys/k", ""},
 		{"PUT", "/api/admin/keys/:id", "/api/admin/keys/k", `{` + key + `}`},
+		{"PATCH", "/api/admin/keys/:id", "/api/admin/keys/k", `{"status":"disabled"}`},
 		{"DELETE", "/api/admin/keys/:id", "/api/admin/keys/k", ""},
 		{"POST", "/api/admin/keys/:id/clear-leases", "/api/admin/keys/k/clear-leases", ""},
 		{"POST", "", "/api/admin/sync", ""},

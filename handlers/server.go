@@ -42,6 +42,7 @@ type liveReader interface{ LiveReads() broker.LiveReads }
 // Admin is what the admin API and /readyz need.
 type Admin interface {
 	Put(ctx context.Context, k catalog.Key) (catalog.Key, error)
+	Update(ctx context.Context, id string, p catalog.Patch) (catalog.Key, error)
 	// PutMany writes every key to the catalog or none, then syncs them.
 	PutMany(ctx context.Context, keys ...catalog.Key) ([]catalog.Key, error)
 	Keys(ctx context.Context) ([]broker.KeyView, error)
@@ -200,6 +201,7 @@ func New(cfg Config) (http.Handler, error) {
 	admin.PUT("/keys", ad.putMany)
 	admin.GET("/keys/:id", ad.get)
 	admin.PUT("/keys/:id", ad.put)
+	admin.PATCH("/keys/:id", ad.update)
 	admin.DELETE("/keys/:id", ad.delete)
 	admin.POST("/keys/:id/clear-leases", ad.clearLeases)
 	admin.POST("/sync", ad.sync)

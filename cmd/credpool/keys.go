@@ -30,6 +30,8 @@ const adminUsage = `usage:
   credpool keys get ID
   credpool keys put ID --provider P --models M[,M...] [--pool default] [--limit 1]
                        [--status available] [--secret-file FILE|-]
+  credpool keys update ID [--status S [--cooldown-until T]] [--limit N] [--pool P] [--models M[,M...]]
+                                        change only the fields given, never the secret
   credpool keys delete ID
   credpool keys clear-leases ID         force-release every lease of the key
   credpool keys import FILE|- [--format csv|jsonl] [--dry-run] [--update-secrets]
@@ -95,15 +97,18 @@ func (c cli) run(cmd string, args []string) error {
 	var common commonFlags
 	common.register(fs, c.getenv)
 	var put putFlags
+	var upd updateFlags
 	var imp importFlags
 	switch sub {
 	case "keys put":
 		put.register(fs)
+	case "keys update":
+		upd.register(fs)
 	case "keys import":
 		imp.register(fs)
 	}
 	n, ok := map[string]int{
-		"keys list": 0, "keys get": 1, "keys put": 1, "keys delete": 1, "keys clear-leases": 1,
+		"keys list": 0, "keys get": 1, "keys put": 1, "keys update": 1, "keys delete": 1, "keys clear-leases": 1,
 		"keys import": 1, "aliases list": 0, "aliases set": 3, "aliases delete": 2,
 	}[sub]
 	if !ok {
@@ -142,6 +147,16 @@ func (c cli) run(cmd string, args []string) error {
 		return out.key(k)
 	case "keys put":
 		return c.put(ctx, adm, out, pos[0], put)
+	case "keys update":
+		u, err := upd.update(fs)
+		if err != nil {
+			return err
+		}
+		k, err := adm.UpdateKey(ctx, pos[0], u)
+		if err != nil {
+			return err
+		}
+		return out.key(k)
 	case "keys delete":
 		if err := adm.DeleteKey(ctx, pos[0]); err != nil {
 			return err
@@ -291,6 +306,51 @@ func (f *putFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.status, "status", "available", "available, pending, disabled, exhausted, rate_limited or cooldown")
 	fs.IntVar(&f.limit, "limit", 1, "max_concurrent_uses")
 	fs.StringVar(&f.secretFile, "secret-file", "", "a file holding the secret, - for standard input (default: standard input)")
+}
+
+// updateFlags are "keys update"'s: only those given are sent.
+type updateFlags struct {
+	pool, models, status, cooldownUntil string
+	limit                               int
+}
+
+func (f *updateFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.pool, "pool", "", "the pool")
+	fs.StringVar(&f.models, "models", "", "the models the key serves, separated by commas or spaces")
+	fs.StringVar(&f.status, "status", "", "available, pending, disabled, exhausted, rate_limited or cooldown")
+	fs.StringVar(&f.cooldownUntil, "cooldown-until", "", "with --status rate_limited or cooldown: when it ends (RFC 3339)")
+	fs.IntVar(&f.limit, "limit", 0, "max_concurrent_uses")
+}
+
+// update is the change the flags fs parsed ask for.
+func (f *updateFlags) update(fs *flag.FlagSet) (client.KeyUpdate, error) {
+	var u client.KeyUpdate
+	var err error
+	fs.Visit(func(fl *flag.Flag) {
+		switch fl.Name {
+		case "pool":
+			u.Pool = &f.pool
+		case "models":
+			u.Models = splitModels(f.models)
+			if len(u.Models) == 0 {
+				err = errors.New("--models: want at least one model")
+			}
+		case "status":
+			u.Status = &f.status
+		case "cooldown-until":
+			t, perr := time.Parse(time.RFC3339, f.cooldownUntil)
+			if perr != nil {
+				err = errors.New("--cooldown-until: want an RFC 3339 time, e.g. 2026-12-01T15:04:05Z")
+			}
+			u.CooldownUntil = &t
+		case "limit":
+			u.MaxConcurrentUses = &f.limit
+		}
+	})
+	if err == nil && u.Pool == nil && u.Models == nil && u.Status == nil && u.CooldownUntil == nil && u.MaxConcurrentUses == nil {
+		err = errors.New("credpool keys update: want a flag to change: --status, --limit, --pool or --models (the secret changes only by put)")
+	}
+	return u, err
 }
 
 func (c cli) put(ctx context.Context, adm *client.Admin, out output, id string, f putFlags) error {

@@ -308,6 +308,37 @@ func TestKeysCommands(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(out), &keys))
 	require.Len(t, keys, len(a.keys()))
 
+	// Disabled without its secret; the flags not given are kept.
+	out, errOut, err = a.run("", "keys", "update", "p1", "--status", "disabled", "-o", "json")
+	require.NoError(t, err, errOut)
+	require.NoError(t, json.Unmarshal([]byte(out), &k))
+	require.Equal(t, "disabled", k.Status)
+	require.Equal(t, 3, k.MaxConcurrentUses)
+	require.Equal(t, []string{"gpt-4o-2024-08-06", "gpt-4o-mini"}, k.Models)
+	_, errOut, err = a.run("", "keys", "update", "p1", "--status", "cooldown", "--cooldown-until", "2030-01-02T03:04:05Z", "--limit", "4", "--models", "m1,m2")
+	require.NoError(t, err, errOut)
+	got := a.keys()["p1"]
+	require.Equal(t, "cooldown", got.Status)
+	require.Equal(t, time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC), got.CooldownUntil.UTC())
+	require.Equal(t, 4, got.MaxConcurrentUses)
+	require.Equal(t, []string{"m1", "m2"}, got.Models)
+	for _, tt := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"p1"}, "want a flag to change"},
+		{[]string{"p1", "-o", "json"}, "want a flag to change"},
+		{[]string{"p1", "--cooldown-until", "tomorrow", "--status", "cooldown"}, "--cooldown-until: want an RFC 3339 time"},
+		{[]string{"p1", "--models", ","}, "--models: want at least one model"},
+		{[]string{"p1", "--cooldown-until", "2030-01-02T03:04:05Z"}, "cooldown_until"},
+		{[]string{"p1", "--limit", "0"}, "max_concurrent_uses"},
+	} {
+		_, _, err = a.run("", append([]string{"keys", "update"}, tt.args...)...)
+		require.ErrorContains(t, err, tt.want, tt.args)
+	}
+	_, _, err = a.run("", "keys", "update", "nope", "--status", "disabled")
+	require.ErrorIs(t, err, client.ErrKeyNotFound)
+
 	out, _, err = a.run("", "keys", "clear-leases", "p1")
 	require.NoError(t, err)
 	require.Equal(t, "cleared 0 lease(s) of p1\n", out)

@@ -2,7 +2,7 @@
 //
 //	credpool serve [flags]   run the HTTP service
 //	credpool bench [flags]   compare the lease stores under contention
-//	credpool keys …          list, get, put, delete, clear-leases, import keys
+//	credpool keys …          list, get, put, update, delete, clear-leases, import keys
 //	credpool aliases …       list, set, delete model aliases
 //
 // Run "credpool serve -h" for the flags; each but --dev and --demo has an
@@ -21,7 +21,7 @@ const usage = `usage: credpool <command> [flags]
 commands:
   serve   run the allocation service (HTTP)
   bench   benchmark the lease stores (WATCH/MULTI, Lua, SQLite) under contention
-  keys    list, get, put, delete, clear-leases or import keys (admin API)
+  keys    list, get, put, update, delete, clear-leases or import keys (admin API)
   aliases list, set or delete model aliases (admin API)
 
 Run "credpool <command> -h" for its flags.

@@ -12,6 +12,8 @@ import (
 // AdminCatalog is what key administration needs from the catalog.
 type AdminCatalog interface {
 	Put(ctx context.Context, k catalog.Key) (catalog.Key, error)
+	// Update changes some fields of a key, never its secret.
+	Update(ctx context.Context, id string, p catalog.Patch) (catalog.Key, error)
 	// PutMany writes every key or none, in one transaction.
 	PutMany(ctx context.Context, keys ...catalog.Key) ([]catalog.Key, error)
 	// Key reads a key without its secret.
@@ -59,6 +61,17 @@ func (a *Admin) Put(ctx context.Context, k catalog.Key) (catalog.Key, error) {
 	stored, err := a.catalog.Put(ctx, k)
 	if err != nil {
 		return catalog.Key{}, catalogErr(ctx, "put key", err)
+	}
+	return a.resync(ctx, stored)
+}
+
+// Update changes the fields p sets of key id in the catalog (never its
+// secret), then syncs its allocation state to the store, as Put does:
+// once it returns, a key disabled by it takes no new lease.
+func (a *Admin) Update(ctx context.Context, id string, p catalog.Patch) (catalog.Key, error) {
+	stored, err := a.catalog.Update(ctx, id, p)
+	if err != nil {
+		return catalog.Key{}, catalogErr(ctx, "update key", err)
 	}
 	return a.resync(ctx, stored)
 }
