@@ -550,3 +550,70 @@ func TestServeRefusesMinReplicasWithoutRedis(t *testing.T) {
 	_, err = parseServe([]string{"--redis-min-replicas", "1", "--redis", "redis://127.0.0.1:6379"})
 	require.NoError(t, err)
 }
+
+// A secret key that opens none of the catalog's secrets (valid, but not
+// the one that sealed them) stops the start with one line saying so and
+// how to fix it, quoting neither key nor secret; before, the service
+// started, said ready, and answered every allocate 503. The instance
+// already serving the catalog is left alone, and the wrong key given with
+// the right one as old (a rotation) starts and grants.
+func TestServeRefusesAWrongSecretKey(t *testing.T) {
+	const wrongK = "ZmVkY2JhOTg3NjU0MzIxMGZlZGNiYTk4NzY1NDMyMTA=" // 32 bytes, base64
+	for _, engine := range []string{"sqlite", "postgres"} {
+		t.Run(engine, func(t *testing.T) {
+			args := []string{"--db", filepath.Join(t.TempDir(), "credpool.db")}
+			if engine == "postgres" {
+				args = []string{"--db", pgtest.URL(t), "--redis", "redis://" + redistest.Start(t).Addr}
+			}
+			keys := []string{"CREDPOOL_INTERNAL_KEY=" + internalK, "CREDPOOL_ADMIN_KEY=" + adminK}
+			right := startServe(t, append(keys, "CREDPOOL_SECRET_KEY="+secretK), args...)
+			code, out := right.post(t, http.MethodPut, "/api/admin/keys/solo-1", "X-Admin-Key", adminK,
+				`{"provider":"solo","pool":"default","models":["m"],"secret":"s3cret-0123456789","max_concurrent_uses":1}`)
+			require.Equal(t, http.StatusOK, code, "%v", out)
+
+			stderr := serveFails(t, append(keys, "CREDPOOL_SECRET_KEY="+wrongK), args...)
+			lines := strings.Split(strings.TrimSpace(stderr), "\n")
+			last := lines[len(lines)-1]
+			require.Contains(t, last, "credpool: ")
+			require.Contains(t, last, "does not open the catalog's secrets")
+			require.Contains(t, last, "set CREDPOOL_SECRET_KEY to the key that sealed them")
+			for _, s := range []string{wrongK, secretK, "s3cret"} {
+				require.NotContains(t, stderr, s)
+			}
+			code, _ = right.post(t, http.MethodGet, "/readyz", "X-Internal-Key", internalK, "")
+			require.Equal(t, http.StatusOK, code, "the instance with the right key still serves")
+
+			rotating := startServe(t, append(keys, "CREDPOOL_SECRET_KEY="+wrongK, "CREDPOOL_SECRET_KEYS_OLD="+secretK), args...)
+			code, grant := rotating.allocate(t, `{"provider":"solo","model":"m","lease_seconds":1}`)
+			require.Equal(t, http.StatusOK, code, "%v", grant)
+			require.Equal(t, map[string]any{"api_key": "s3cret-0123456789"}, grant["credential"])
+		})
+	}
+}
+
+// serveFails runs "credpool serve args..." with env added, as startServe
+// does, expects it to exit 1 before serving, and returns its stderr. One
+// that serves is stopped at once; one that hangs, within 30 s.
+func serveFails(t *testing.T, env []string, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], append([]string{"serve", "--listen", "127.0.0.1:0"}, args...)...)
+	cmd.Env = append(append(os.Environ(), "CREDPOOL_TEST_MAIN=1", "CREDPOOL_REDIS_URL=", "CREDPOOL_INTERNAL_KEY=", "CREDPOOL_ADMIN_KEY=", "CREDPOOL_SECRET_KEY="), env...)
+	stderr, err := cmd.StderrPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	hung := time.AfterFunc(30*time.Second, func() { _ = cmd.Process.Kill() })
+	defer hung.Stop()
+	var seen strings.Builder
+	lines := bufio.NewScanner(stderr)
+	for lines.Scan() {
+		seen.WriteString(lines.Text() + "\n")
+		if strings.Contains(lines.Text(), `"msg":"credpool serving"`) {
+			_ = cmd.Process.Kill()
+		}
+	}
+	err = cmd.Wait()
+	var exit *exec.ExitError
+	require.ErrorAs(t, err, &exit, seen.String())
+	require.Equal(t, 1, exit.ExitCode(), "credpool serve did not refuse to start:\n%s", seen.String())
+	return seen.String()
+}

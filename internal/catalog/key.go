@@ -22,6 +22,10 @@ var ErrNotFound = errors.New("catalog: key not found")
 // process has: the key itself is fine, but cannot be handed out here.
 var ErrSecret = errors.New("catalog: secret does not open")
 
+// ErrWrongKey means the catalog holds sealed secrets and none was sealed
+// with a key this process has: it was given the wrong key.
+var ErrWrongKey = errors.New("catalog: the secret key does not open the catalog's secrets")
+
 // redacted replaces a secret wherever it would be printed.
 const redacted = "[redacted]"
 

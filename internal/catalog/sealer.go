@@ -112,7 +112,7 @@ func (s *Sealer) open(id, stored string) (string, error) {
 	if !ok || aead == nil {
 		// The tag is quoted only if it is one: a plaintext secret from
 		// before sealing that merely starts like a sealed one must not be.
-		if len(tag) != 16 || strings.Trim(tag, "0123456789abcdef") != "" {
+		if !isTag(tag) {
 			tag = "not a key tag"
 		}
 		return "", fmt.Errorf("%w: key %s: sealed with a key this process does not have (%s)", ErrSecret, id, tag)
@@ -131,4 +131,29 @@ func (s *Sealer) open(id, stored string) (string, error) {
 // fresh reports whether stored is sealed with the current key.
 func (s *Sealer) fresh(stored string) bool {
 	return strings.HasPrefix(stored, sealedPrefix+s.current+":")
+}
+
+// foreign reports whether stored holds sealed secrets and not one of them
+// names a key s has: s was given the wrong keys. It compares key tags
+// only; plaintext secrets say nothing either way.
+func (s *Sealer) foreign(stored []storedSecret) bool {
+	others := false
+	for _, r := range stored {
+		rest, ok := strings.CutPrefix(r.secret, sealedPrefix)
+		tag, _, _ := strings.Cut(rest, ":")
+		switch {
+		case !ok || !isTag(tag):
+		case s.keys[tag] != nil:
+			return false
+		default:
+			others = true
+		}
+	}
+	return others
+}
+
+// isTag reports whether tag has the form of a key tag: 16 lowercase hex
+// digits.
+func isTag(tag string) bool {
+	return len(tag) == 16 && strings.Trim(tag, "0123456789abcdef") == ""
 }

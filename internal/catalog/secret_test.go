@@ -185,6 +185,47 @@ func TestRekeySkipsWhatItCannotOpen(t *testing.T) {
 	})
 }
 
+// A Sealer none of whose keys sealed any of the catalog's secrets is the
+// wrong one: Rekey refuses it and writes nothing (it would seal the
+// plaintext ones with it). An empty catalog has nothing to check; given
+// the right key as old, the wrong one reseals.
+func TestRekeyRefusesAWrongKey(t *testing.T) {
+	engines(t, func(t *testing.T, db database) {
+		plain := db.open(t, nil)
+		right, wrong := key32(1), key32(2)
+		withWrong := db.open(t, &catalog.Options{Sealer: sealer(t, wrong)})
+		n, skipped, err := withWrong.Rekey(t.Context())
+		require.NoError(t, err, "an empty catalog")
+		require.Zero(t, n)
+		require.Empty(t, skipped)
+
+		withRight := db.open(t, &catalog.Options{Sealer: sealer(t, right)})
+		put(t, plain, testKey("a-plain"))
+		put(t, withRight, testKey("b-sealed"))
+		put(t, withRight, testKey("c-sealed"))
+		n, skipped, err = withWrong.Rekey(t.Context())
+		require.ErrorIs(t, err, catalog.ErrWrongKey)
+		require.NotContains(t, err.Error(), secret)
+		require.Zero(t, n)
+		require.Empty(t, skipped)
+		var stored string
+		require.NoError(t, db.QueryRowContext(t.Context(), `SELECT secret FROM catalog_keys WHERE id = 'a-plain'`).Scan(&stored))
+		require.Equal(t, secret, stored, "the plaintext one left for the right key to seal")
+		for _, id := range []string{"a-plain", "b-sealed", "c-sealed"} {
+			require.Equal(t, secret, get(t, withRight, id).Secret.Reveal(), id)
+		}
+
+		rotating := db.open(t, &catalog.Options{Sealer: sealer(t, wrong, right)})
+		n, skipped, err = rotating.Rekey(t.Context())
+		require.NoError(t, err)
+		require.Equal(t, 3, n)
+		require.Empty(t, skipped)
+		n, _, err = withWrong.Rekey(t.Context())
+		require.NoError(t, err, "now its key sealed them")
+		require.Zero(t, n)
+	})
+}
+
 // A sealed secret is bound to its key: moved to another row, it does not
 // open.
 func TestSealedSecretBoundToItsKey(t *testing.T) {

@@ -248,19 +248,29 @@ func (s *SQL) Key(ctx context.Context, id string) (Key, error) {
 // how many it sealed. A secret it cannot open (sealed with a key the Sealer
 // no longer has, tampered with, or plaintext that looks sealed) is left as
 // it is, and its key's id is returned in skipped, in id order: Get keeps
-// failing on that key alone. See the README for rotating keys across
+// failing on that key alone. But if the catalog holds sealed secrets and
+// not one was sealed with a key the Sealer has, Rekey writes nothing and
+// returns ErrWrongKey: it was given the wrong key, and would seal the
+// plaintext ones with it. See the README for rotating keys across
 // processes.
 func (s *SQL) Rekey(ctx context.Context) (sealed int, skipped []string, err error) {
 	if s.sealer == nil {
 		return 0, nil, errors.New("catalog: rekey: no sealer")
 	}
+	wrongKey := false
 	err = s.write(ctx, "rekey secrets", func(tx txn, gen int64) error {
 		sealed, skipped = 0, nil
-		stale, err := s.stale(ctx, tx)
+		all, err := secrets(ctx, tx)
 		if err != nil {
 			return err
 		}
-		for _, row := range stale {
+		if wrongKey = s.sealer.foreign(all); wrongKey {
+			return errUnchanged
+		}
+		for _, row := range all {
+			if s.sealer.fresh(row.secret) {
+				continue
+			}
 			plain, err := s.sealer.open(row.id, row.secret)
 			if err != nil {
 				skipped = append(skipped, row.id)
@@ -283,6 +293,9 @@ func (s *SQL) Rekey(ctx context.Context) (sealed int, skipped []string, err erro
 	if err != nil {
 		return 0, nil, err
 	}
+	if wrongKey {
+		return 0, nil, ErrWrongKey
+	}
 	if sealed > 0 && !s.db.postgres {
 		// Best effort: move the rewritten pages into the file and empty
 		// SQLite's WAL, which still holds the old values (readers may keep
@@ -295,8 +308,8 @@ func (s *SQL) Rekey(ctx context.Context) (sealed int, skipped []string, err erro
 // storedSecret is one row's secret as stored.
 type storedSecret struct{ id, secret string }
 
-// stale reads, in id order, the secrets not sealed with the current key.
-func (s *SQL) stale(ctx context.Context, tx txn) ([]storedSecret, error) {
+// secrets reads every key's secret as stored, in id order.
+func secrets(ctx context.Context, tx txn) ([]storedSecret, error) {
 	rows, err := tx.QueryContext(ctx, `SELECT id, secret FROM catalog_keys ORDER BY id`)
 	if err != nil {
 		return nil, err
@@ -308,9 +321,7 @@ func (s *SQL) stale(ctx context.Context, tx txn) ([]storedSecret, error) {
 		if err := rows.Scan(&r.id, &r.secret); err != nil {
 			return nil, err
 		}
-		if !s.sealer.fresh(r.secret) {
-			out = append(out, r)
-		}
+		out = append(out, r)
 	}
 	return out, rows.Err()
 }

@@ -127,9 +127,10 @@ type Server struct {
 }
 
 // New opens the catalog in cfg.DB or cfg.Postgres, seals with the current
-// key any secret not yet sealed with it, opens the lease store, syncs the
-// catalog into it and builds the handlers. On failure nothing stays open
-// but the caller's database.
+// key any secret not yet sealed with it (or fails with catalog.ErrWrongKey
+// if the catalog's sealed secrets were all sealed with other keys), opens
+// the lease store, syncs the catalog into it and builds the handlers. On
+// failure nothing stays open but the caller's database.
 func New(ctx context.Context, cfg Config) (*Server, error) {
 	if (cfg.DB == nil) == (cfg.Postgres == nil) || cfg.Sealer == nil {
 		return nil, errors.New("server: one of DB and Postgres, and Sealer, are required")
