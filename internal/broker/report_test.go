@@ -263,3 +263,21 @@ func TestStuckReleasesFlushedOnDemand(t *testing.T) {
 	allocate(t, b, req("default"))
 	require.Equal(t, broker.Backlog{Released: 1}, b.Backlog())
 }
+
+// A report of a lease no longer held changes nothing, whatever its
+// outcome: nothing proves the caller held it.
+func TestReportOfALeaseNoLongerHeldRecordsNothing(t *testing.T) {
+	e := newEnv(t, key("a", "default", 1))
+	b := e.broker(e.cat, e.store)
+	g := allocate(t, b, req("default"))
+	require.NoError(t, b.Release(t.Context(), g.LeaseRef))
+	for _, o := range []catalog.Outcome{catalog.OutcomeAuthError, catalog.OutcomeRateLimited, catalog.OutcomeError} {
+		err := b.Report(t.Context(), g.LeaseRef, o, time.Hour)
+		require.ErrorIs(t, err, optimistic.ErrLeaseLost, o)
+	}
+	k := e.get(t, "a")
+	require.Equal(t, optimistic.StatusAvailable, k.Status)
+	require.Zero(t, k.Errors)
+	require.Zero(t, k.RateLimitHits)
+	allocate(t, b, req("default"))
+}
