@@ -421,6 +421,9 @@ func parsePoolOrder(s string) (broker.PoolOrder, error) {
 			o[pool] = append(o[pool], f)
 		}
 	}
+	if err := o.Check(); err != nil {
+		return nil, fmt.Errorf("--pool-fallback: %w", err)
+	}
 	return o, nil
 }
 

@@ -56,6 +56,19 @@ func TestParsePoolOrder(t *testing.T) {
 		_, err := parsePoolOrder(bad)
 		require.Error(t, err, bad)
 	}
+	// Borrowing is one-way.
+	for bad, want := range map[string]string{
+		"vip=vip":                              "vip → vip",
+		"vip=default;default=vip":              "default → vip → default",
+		"a=b;b=c;c=a":                          "a → b → c → a",
+		"gold=silver+default;x=y;default=gold": "default → gold → default",
+	} {
+		_, err := parsePoolOrder(bad)
+		require.ErrorContains(t, err, want, bad)
+		require.ErrorContains(t, err, "one-way", bad)
+	}
+	_, err = parsePoolOrder("gold=silver+default;silver=default")
+	require.NoError(t, err, "two paths to one pool are no cycle")
 }
 
 func TestServeRefusesWithoutKeys(t *testing.T) {

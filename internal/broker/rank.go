@@ -2,8 +2,11 @@ package broker
 
 import (
 	"cmp"
+	"fmt"
+	"maps"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/credpool/credpool/optimistic"
@@ -134,6 +137,37 @@ type PoolOrder map[string][]string
 
 // DefaultPoolOrder returns the default order: vip falls back to default.
 func DefaultPoolOrder() PoolOrder { return PoolOrder{"vip": {"default"}} }
+
+// Check refuses an order that is not one-way: a pool that falls back to
+// itself, or a cycle of fallbacks (vip=default with default=vip), in which
+// the pools would borrow from each other.
+func (o PoolOrder) Check() error {
+	// state: 1 on the path being walked, 2 done.
+	state := make(map[string]int)
+	var walk func(pool string, path []string) error
+	walk = func(pool string, path []string) error {
+		switch state[pool] {
+		case 1:
+			return fmt.Errorf("pool fallback %s: borrowing must be one-way", strings.Join(append(path[slices.Index(path, pool):], pool), " → "))
+		case 2:
+			return nil
+		}
+		state[pool] = 1
+		for _, f := range o[pool] {
+			if err := walk(f, append(path, pool)); err != nil {
+				return err
+			}
+		}
+		state[pool] = 2
+		return nil
+	}
+	for _, pool := range slices.Sorted(maps.Keys(o)) {
+		if err := walk(pool, nil); err != nil {
+			return err
+		}
+	}
+	return nil
+}
 
 // Sequence returns pool followed by its fallbacks, without repeats.
 func (o PoolOrder) Sequence(pool string) []string {
