@@ -224,8 +224,12 @@ func serve(args []string) error {
 		}
 	}()
 	if cfg.demo {
-		if err := seedDemo(ctx, app.Catalog, app.Admin); err != nil {
+		n, err := seedDemo(ctx, app.Catalog, app.Admin)
+		if err != nil {
 			return err
+		}
+		if n > 0 {
+			log.Info("demo pool seeded", "keys", n, "alias", "openai/gpt-4o")
 		}
 	}
 	ln, err := net.Listen("tcp", cfg.listen)
@@ -428,28 +432,30 @@ func parsePoolOrder(s string) (broker.PoolOrder, error) {
 }
 
 // seedDemo fills an empty catalog with a few fake keys so the API can be
-// tried at once.
-func seedDemo(ctx context.Context, cat *catalog.SQL, admin *broker.Admin) error {
+// tried at once, and returns how many it put (none into a catalog that
+// has keys).
+func seedDemo(ctx context.Context, cat *catalog.SQL, admin *broker.Admin) (int, error) {
 	existing, err := cat.List(ctx, "", "")
 	if err != nil || len(existing) > 0 {
-		return err
+		return 0, err
 	}
 	if err := cat.SetAlias(ctx, "openai", "gpt-4o", "gpt-4o-2024-08-06"); err != nil {
-		return err
+		return 0, err
 	}
-	for _, k := range []catalog.Key{
+	keys := []catalog.Key{
 		{ID: "demo-default-1", Pool: "default", MaxConcurrentUses: 2},
 		{ID: "demo-default-2", Pool: "default", MaxConcurrentUses: 1},
 		{ID: "demo-vip-1", Pool: "vip", MaxConcurrentUses: 1},
-	} {
+	}
+	for _, k := range keys {
 		k.Provider, k.Status = "openai", optimistic.StatusAvailable
 		k.Models = []string{"gpt-4o-2024-08-06", "gpt-4o-mini"}
 		k.Secret = catalog.Secret("sk-demo-" + k.ID)
 		if _, err := admin.Put(ctx, k); err != nil {
-			return err
+			return 0, err
 		}
 	}
-	return nil
+	return len(keys), nil
 }
 
 // liveMaxAge is --live-max-age as broker.Options.LiveMaxAge takes it: 0

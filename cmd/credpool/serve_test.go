@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -105,6 +106,8 @@ type serveProcess struct {
 	// internal is the internal key: the given one, or the one --dev printed.
 	internal string
 	store    string
+	// started is what it logged up to its "serving" line.
+	started []string
 }
 
 // startServe runs the test binary as "credpool serve args..." with env
@@ -147,6 +150,7 @@ func startServeHeld(t *testing.T, env []string, args ...string) (*serveProcess, 
 		}
 	}
 	require.NotEmpty(t, p.addr, "no serving line in:\n%s", strings.Join(seen, "\n"))
+	p.started = seen
 	return p, stderr
 }
 
@@ -184,6 +188,10 @@ func TestServeDemo(t *testing.T) {
 		require.Equal(t, "demo-vip-1", grant["key_id"])
 		require.Equal(t, "gpt-4o-2024-08-06", grant["provider_model"])
 		require.Equal(t, map[string]any{"api_key": "sk-demo-demo-vip-1"}, grant["credential"])
+		seeded := slices.ContainsFunc(p.started, func(line string) bool {
+			return strings.Contains(line, `"msg":"demo pool seeded","keys":3`)
+		})
+		require.Equal(t, run == 0, seeded, "run %d says it seeded the demo pool only when it did:\n%s", run, strings.Join(p.started, "\n"))
 		stop(t, p)
 		time.Sleep(1100 * time.Millisecond) // the lease ends before the next run
 	}
