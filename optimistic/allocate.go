@@ -316,9 +316,10 @@ func (a *allocation) try(ctx context.Context, c *conns, keyID string, wait bool)
 		a.notes.won(keyID)
 		// Expired leases pruned here freed slots nobody was told of:
 		// callers waiting in line behind the one whose FreeAt brought
-		// it here would otherwise find them one poll at a time.
+		// it here would otherwise find them one poll at a time. The
+		// caller granted, if in line itself, is passed over.
 		for range min(v.pruned, v.room) {
-			a.queue.Wake(keyID)
+			a.queue.WakeOthers(ctx, keyID)
 		}
 	}
 	if v.settled && !v.granted && err == nil {

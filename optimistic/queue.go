@@ -113,18 +113,30 @@ func (q *Queue) Join(keyIDs []string) *Place {
 // that holds no wake-up yet and is not being handed a slot (see handoff);
 // with none, it does nothing (callers that are trying the store right now
 // see the slot themselves). It reports whether it woke a caller.
-func (q *Queue) Wake(keyID string) bool { return q.wake(keyID, false) }
+func (q *Queue) Wake(keyID string) bool { return q.wake(keyID, false, nil) }
+
+// WakeOthers is Wake for a slot that a grant under ctx found free besides
+// the one it took (an expired lease it pruned). If ctx is a try of
+// Place.Retry, that caller's own place is skipped: the grant served it,
+// and a wake-up it took would reach the line only once it left.
+func (q *Queue) WakeOthers(ctx context.Context, keyID string) bool {
+	return q.wake(keyID, false, placeOf(ctx))
+}
 
 // wakeTurn is Wake for a slot freed for this process's callers alone (a
 // turn, see Store.turn): a caller that takes it and leaves, or ends its
 // wait, without trying the store hands it on, to the next caller here or
 // to Place's unused.
-func (q *Queue) wakeTurn(keyID string) bool { return q.wake(keyID, true) }
+func (q *Queue) wakeTurn(keyID string) bool { return q.wake(keyID, true, nil) }
 
-func (q *Queue) wake(keyID string, turn bool) bool {
+// wake is Wake, or wakeTurn if turn, passing over skip (nil: nobody).
+func (q *Queue) wake(keyID string, turn bool, skip *Place) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	for _, p := range q.lines[keyID] {
+		if p == skip {
+			continue
+		}
 		if p.offer != nil && p.offer.claimed {
 			// A release is handing it a slot.
 			continue
@@ -324,7 +336,7 @@ func (p *Place) handOn(keyID string) {
 	if p.unseen == keyID {
 		p.unseen = ""
 	}
-	if !p.q.wake(keyID, turn) && turn && p.unused != nil {
+	if !p.q.wake(keyID, turn, nil) && turn && p.unused != nil {
 		p.unused(keyID)
 	}
 }
@@ -356,7 +368,7 @@ func (p *Place) Leave() {
 	p.turn = ""
 	q.mu.Unlock()
 	// A turn held goes on as a turn, besides one owed (two slots).
-	if held != "" && !q.wake(held, turn) && turn && p.unused != nil {
+	if held != "" && !q.wake(held, turn, nil) && turn && p.unused != nil {
 		p.unused(held)
 	}
 	if p.owed != "" {
@@ -377,7 +389,9 @@ func (p *Place) Leave() {
 // ended meanwhile, and the slot is the caller's (Handed). Between tries it
 // waits in p's place for a wake-up, the capacity error's FreeAt (for the
 // caller first in line), or WaitPoll (only the first in line asks again
-// then), whichever comes first. try's ctx is marked WithWaiting. No try
+// then), whichever comes first. try's ctx is marked WithWaiting and
+// carries p, so that a grant under it wakes others in line, not p, for
+// the slots it found free besides its own (see Queue.WakeOthers). No try
 // starts after until, so a caller that bounds its work at until plus one
 // try's time gets the answer, not its own deadline. A caller behind others in
 // line waits for its turn before its first try, and tries once even if
@@ -388,7 +402,7 @@ func (p *Place) Retry(ctx context.Context, until time.Time, try func(context.Con
 		full *CapacityError
 		last error
 	)
-	ctx = WithWaiting(ctx)
+	ctx = context.WithValue(WithWaiting(ctx), placeKey{}, p)
 	for wait := p.Behind(); ; wait = true {
 		if wait {
 			woken, err := p.wait(ctx, p.next(full, until))
@@ -420,6 +434,15 @@ func (p *Place) Retry(ctx context.Context, until time.Time, try func(context.Con
 		errors.As(err, &full)
 		last = err
 	}
+}
+
+// placeKey marks the context of a try of Place.Retry with its place.
+type placeKey struct{}
+
+// placeOf returns the place whose try ctx is (see Place.Retry), or nil.
+func placeOf(ctx context.Context) *Place {
+	p, _ := ctx.Value(placeKey{}).(*Place)
+	return p
 }
 
 // NotYet reports whether err says "no slot now, perhaps soon": no free

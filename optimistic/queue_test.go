@@ -66,6 +66,26 @@ func TestQueueLeavePassesWakeOn(t *testing.T) {
 	require.Empty(t, q.lines, "an empty line leaves nothing behind")
 }
 
+// A grant in a try of Retry wakes the others in line for the slots it
+// found free besides its own: the caller trying is passed over.
+func TestQueueWakeOthersPassesOverTheTry(t *testing.T) {
+	var q Queue
+	p, a := q.Join([]string{"k"}), q.Join([]string{"k"})
+	defer p.Leave()
+	defer a.Leave()
+	err := p.Retry(t.Context(), time.Now().Add(time.Minute), func(ctx context.Context) error {
+		require.True(t, q.WakeOthers(ctx, "k"))
+		require.False(t, q.WakeOthers(ctx, "k"), "nobody but p left to wake")
+		return nil
+	})
+	require.NoError(t, err)
+	require.False(t, woken(p), "p has its slot")
+	require.True(t, woken(a))
+
+	require.True(t, q.WakeOthers(t.Context(), "k"))
+	require.True(t, woken(p), "no try of a place: the first in line")
+}
+
 // A caller that leaves owing a turn on one key (taken, not tried) and
 // holding another turn on a second key hands both on: two slots freed
 // for this process, two callers woken.

@@ -53,9 +53,10 @@ func (s *Store) allocate(ctx context.Context, req optimistic.AllocateRequest) (o
 	s.changed()
 	// Expired leases pruned here freed slots nobody was told of: callers
 	// waiting in line behind the one whose FreeAt brought it here would
-	// otherwise find them one poll at a time.
+	// otherwise find them one poll at a time. The caller granted, if in
+	// line itself, is passed over.
 	for range min(c.pruned, c.room) {
-		s.queue.Wake(c.lease.KeyID)
+		s.queue.WakeOthers(ctx, c.lease.KeyID)
 	}
 	return c.lease, st, nil
 }

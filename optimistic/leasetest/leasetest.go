@@ -175,6 +175,7 @@ var cases = []struct {
 	{"WaitingCallerGetsTheFreedSlot", waits},
 	{"WaitEndsFullOrCancelled", waitEnds},
 	{"SlotsFreedByExpiryWakeTheLine", expiryWakes},
+	{"SlotsFreedByExpiryWakeOthersInLine", expiryWakesOthers},
 	{"StoreDownIsNotNoCapacity", storeDown},
 }
 
