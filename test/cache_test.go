@@ -30,20 +30,25 @@ import (
 // disable is written to the catalog file by another process and never
 // reaches the lease store: only the re-check after the grant, on the
 // cache, stands between the key and the callers. With postgres the
-// catalog is in PostgreSQL, as instances on several hosts share it.
+// catalog is in PostgreSQL, as instances on several hosts share it. The
+// disable is a PUT of the whole key, or a PATCH of its status alone.
 func TestHTTPDisableUnderLoad(t *testing.T) {
 	for _, tt := range []struct {
 		name             string
 		sqlite, postgres bool
 		two              bool
 		direct           bool
+		// patch disables by PATCH (the status alone), not by a PUT.
+		patch bool
 	}{
-		{"redis", false, false, false, false}, {"sqlite", true, false, false, false},
-		{"redis, two services", false, false, true, false}, {"sqlite, two services", true, false, true, false},
-		{"redis, catalog written elsewhere", false, false, false, true},
-		{"sqlite, catalog written elsewhere", true, false, false, true},
-		{"postgres, two services", false, true, true, false},
-		{"postgres, catalog written elsewhere", false, true, false, true},
+		{"redis", false, false, false, false, false}, {"sqlite", true, false, false, false, false},
+		{"redis, two services", false, false, true, false, false}, {"sqlite, two services", true, false, true, false, false},
+		{"redis, catalog written elsewhere", false, false, false, true, false},
+		{"sqlite, catalog written elsewhere", true, false, false, true, false},
+		{"postgres, two services", false, true, true, false, false},
+		{"postgres, catalog written elsewhere", false, true, false, true, false},
+		{"redis, two services, by PATCH", false, false, true, false, true},
+		{"sqlite, by PATCH", true, false, false, false, true},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			var pg string
@@ -111,9 +116,13 @@ func TestHTTPDisableUnderLoad(t *testing.T) {
 				}, time.Minute, 10*time.Millisecond, msg)
 			}
 			granted("k0 granted before the disable", func(g grant) bool { return g.key == "k0" })
-			if tt.direct {
+			switch {
+			case tt.direct:
 				disableElsewhere(t, a, "k0")
-			} else {
+			case tt.patch:
+				code, out := a.admin(t, http.MethodPatch, "keys/k0", map[string]any{"status": "disabled"})
+				require.Equal(t, http.StatusOK, code, "%v", out)
+			default:
 				a.putKey(t, "k0", "default", 5, map[string]any{"status": "disabled"})
 			}
 			returned := time.Now()
