@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/csv"
 	"encoding/json"
@@ -608,8 +609,7 @@ func readJSONLines(in io.Reader) ([]row, error) {
 		dec := json.NewDecoder(bytes.NewReader(line))
 		dec.DisallowUnknownFields()
 		if err := dec.Decode(&v); err != nil {
-			// Never the decoder's words: they can quote a value.
-			return nil, fmt.Errorf("line %d: want one JSON object of id, provider, pool, models, secret, max_concurrent_uses, status with the right types", i+1)
+			return nil, fmt.Errorf("line %d: %s", i+1, jsonLineProblem(err))
 		}
 		r := row{Line: i + 1, ID: v.ID, Provider: v.Provider, Pool: v.Pool, Models: v.Models, Secret: client.Secret(v.Secret), Status: v.Status}
 		if v.MaxConcurrentUses != nil {
@@ -618,6 +618,22 @@ func readJSONLines(in io.Reader) ([]row, error) {
 		rows = append(rows, r)
 	}
 	return rows, nil
+}
+
+// jsonLineProblem says what is wrong with a JSON line, naming the field
+// where the decoder does; never in the decoder's words, which can quote a
+// value (a secret).
+func jsonLineProblem(err error) string {
+	var wrongType *json.UnmarshalTypeError
+	switch {
+	case errors.As(err, &wrongType) && wrongType.Field != "":
+		want := map[string]string{"models": "an array of strings", "max_concurrent_uses": "a number"}[wrongType.Field]
+		return fmt.Sprintf("field %s: want %s", wrongType.Field, cmp.Or(want, "a string"))
+	case strings.HasPrefix(err.Error(), "json: unknown field "):
+		return fmt.Sprintf("unknown field %s; want id, provider, pool, models, secret, max_concurrent_uses, status",
+			strings.TrimPrefix(err.Error(), "json: unknown field "))
+	}
+	return "want one JSON object of id, provider, pool, models, secret, max_concurrent_uses, status"
 }
 
 // importPlan is what an import writes.

@@ -267,9 +267,18 @@ func TestKeysImportJSONLines(t *testing.T) {
 	require.NoError(t, err, errOut)
 	require.Equal(t, "0 key(s) created, 2 updated, 0 unchanged\n", out)
 
-	_, errOut, err = a.run(`{"id":"j3","secret":"sk-oops","surprise":"sk-oops"}`+"\n", "keys", "import", "-", "--format", "jsonl")
-	require.ErrorContains(t, err, "line 1: want one JSON object")
-	require.NotContains(t, errOut+err.Error(), "sk-oops")
+	// A bad line names its field, never a value.
+	for line, want := range map[string]string{
+		`{"id":"j3","secret":"sk-oops","surprise":"sk-oops"}`:                   `line 2: unknown field "surprise"; want id, provider`,
+		`{"id":"j3","provider":"openai","secret":"sk-oops","models":"sk-oops"}`: "line 2: field models: want an array of strings",
+		`{"id":"j3","secret":"sk-oops","max_concurrent_uses":"sk-oops"}`:        "line 2: field max_concurrent_uses: want a number",
+		`{"id":"j3","secret":12}`:                                               "line 2: field secret: want a string",
+		`{"id":"j3","secret":"sk-oops"`:                                         "line 2: want one JSON object of id, provider",
+	} {
+		_, errOut, err = a.run("\n"+line+"\n", "keys", "import", "-", "--format", "jsonl")
+		require.ErrorContains(t, err, want, line)
+		require.NotContains(t, errOut+err.Error(), "sk-oops", line)
+	}
 }
 
 // put reads the secret from standard input or a file, never from the
