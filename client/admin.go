@@ -99,22 +99,35 @@ func (a *Admin) PutKey(ctx context.Context, id string, k KeySpec) (Key, error) {
 // KeyUpdate is what UpdateKey changes of a key; a nil field is kept. The
 // secret and provider change only by PutKey.
 type KeyUpdate struct {
-	Pool   *string  `json:"pool,omitempty"`
-	Models []string `json:"models,omitempty"`
+	Pool *string
+	// Models, if not nil, replace the key's (an empty list is refused).
+	Models []string
 	// Status replaces the key's status and cooldown together:
-	// CooldownUntil is read only with rate_limited or cooldown, and a
-	// Status without it clears the cooldown.
-	Status            *string    `json:"status,omitempty"`
-	CooldownUntil     *time.Time `json:"cooldown_until,omitempty"`
-	MaxConcurrentUses *int       `json:"max_concurrent_uses,omitempty"`
+	// CooldownUntil goes only with rate_limited or cooldown, and a Status
+	// without it clears the cooldown.
+	Status            *string
+	CooldownUntil     *time.Time
+	MaxConcurrentUses *int
 }
 
 // UpdateKey changes the fields u sets of key id, without its secret, and
 // syncs the lease store; it returns the key as stored. Once it returns, a
-// key it disabled takes no new lease. ErrKeyNotFound if there is none.
+// key it disabled takes no new lease, and the next renewal of a lease
+// already held fails with ErrLeaseLost. ErrKeyNotFound if there is none.
 func (a *Admin) UpdateKey(ctx context.Context, id string, u KeyUpdate) (Key, error) {
+	body := struct {
+		Pool              *string    `json:"pool,omitempty"`
+		Models            *[]string  `json:"models,omitempty"`
+		Status            *string    `json:"status,omitempty"`
+		CooldownUntil     *time.Time `json:"cooldown_until,omitempty"`
+		MaxConcurrentUses *int       `json:"max_concurrent_uses,omitempty"`
+	}{Pool: u.Pool, Status: u.Status, CooldownUntil: u.CooldownUntil, MaxConcurrentUses: u.MaxConcurrentUses}
+	if u.Models != nil {
+		// Sent even when empty: the service names it in its 400.
+		body.Models = &u.Models
+	}
 	var out Key
-	err := a.do(ctx, "PATCH", "/api/admin/keys/"+url.PathEscape(id), u, &out)
+	err := a.do(ctx, "PATCH", "/api/admin/keys/"+url.PathEscape(id), body, &out)
 	return out, err
 }
 

@@ -245,9 +245,14 @@ func TestAdminUpdateKey(t *testing.T) {
 	require.ErrorAs(t, err, &apiErr)
 	require.Equal(t, "max_concurrent_uses", apiErr.Field)
 	until := time.Now().Add(time.Hour)
-	_, err = adm.UpdateKey(ctx, "k", client.KeyUpdate{CooldownUntil: &until})
-	require.ErrorAs(t, err, &apiErr)
-	require.Equal(t, "cooldown_until", apiErr.Field)
+	for _, u := range []client.KeyUpdate{{CooldownUntil: &until}, {Status: &available, CooldownUntil: &until}} {
+		_, err = adm.UpdateKey(ctx, "k", u)
+		require.ErrorAs(t, err, &apiErr)
+		require.Equal(t, "cooldown_until", apiErr.Field)
+	}
+	_, err = adm.UpdateKey(ctx, "k", client.KeyUpdate{Models: []string{}})
+	require.ErrorAs(t, err, &apiErr, "an empty list is sent, not left out")
+	require.Equal(t, "models", apiErr.Field)
 }
 
 // Aliases are listed and deleted as they are set, and an alias comes

@@ -127,7 +127,7 @@ func (a adminAPI) update(c *gin.Context) {
 // the 400 naming it, and returns false.
 func (req patchKeyRequest) patch(c *gin.Context) (catalog.Patch, bool) {
 	switch {
-	case req.CooldownUntil != nil && req.Status == nil:
+	case req.CooldownUntil != nil && !catalog.Cools(req.Status):
 		invalid(c, "cooldown_until", "want it with status rate_limited or cooldown")
 		return catalog.Patch{}, false
 	case req.Pool == nil && req.Models == nil && req.Status == nil && req.MaxConcurrentUses == nil:

@@ -207,6 +207,9 @@ func serve(args []string) error {
 		Weights:    &weights, Pools: pools, MaxLease: cfg.maxLease, RequestTimeout: cfg.reqTimeout,
 		Logger: log, LogDropped: logs.Dropped,
 	})
+	if errors.Is(err, catalog.ErrWrongKey) && cfg.dev && os.Getenv("CREDPOOL_SECRET_KEY") == "" {
+		return fmt.Errorf("%w: the key is --dev's %s: put back the file that sealed them, or set CREDPOOL_SECRET_KEY to their key", err, cfg.db+".key")
+	}
 	if errors.Is(err, catalog.ErrWrongKey) {
 		return fmt.Errorf("%w: set CREDPOOL_SECRET_KEY to the key that sealed them, the same on every instance sharing the catalog (while rotating, that key may be in CREDPOOL_SECRET_KEYS_OLD)", err)
 	}

@@ -612,6 +612,16 @@ func TestServeRefusesAWrongSecretKey(t *testing.T) {
 	}
 }
 
+// In --dev mode a lost key file makes a new key, which opens none of
+// the catalog's secrets: the start says which file to put back.
+func TestServeDevSaysWhichKeyFileIsWrong(t *testing.T) {
+	db := filepath.Join(t.TempDir(), "demo.db")
+	stop(t, startServe(t, nil, "--dev", "--demo", "--db", db))
+	require.NoError(t, os.Remove(db+".key"))
+	stderr := serveFails(t, nil, "--dev", "--db", db)
+	require.Contains(t, stderr, "does not open the catalog's secrets: the key is --dev's "+db+".key: put back the file that sealed them")
+}
+
 // serveFails runs "credpool serve args..." with env added, as startServe
 // does, expects it to exit 1 before serving, and returns its stderr. One
 // that serves is stopped at once; one that hangs, within 30 s.

@@ -15,8 +15,8 @@ type Patch struct {
 	Pool   *string
 	Models []string
 	Status *optimistic.Status
-	// CooldownUntil goes with Status, as in Put: read only when Status is
-	// rate_limited or cooldown, zero (no end) otherwise or when nil.
+	// CooldownUntil goes with Status rate_limited or cooldown only; nil
+	// with a Status is no end.
 	CooldownUntil     *time.Time
 	MaxConcurrentUses *int
 }
@@ -27,7 +27,7 @@ type Patch struct {
 // without its secret at hand. Everything p leaves nil is kept, and so are
 // the counters, use times and quarantine, as Put keeps them.
 func (s *SQL) Update(ctx context.Context, id string, p Patch) (Key, error) {
-	if p.CooldownUntil != nil && p.Status == nil {
+	if p.CooldownUntil != nil && !Cools(p.Status) {
 		return Key{}, invalidf("cooldown_until of key %s: want it with status rate_limited or cooldown", id)
 	}
 	if p.Pool == nil && p.Models == nil && p.Status == nil && p.MaxConcurrentUses == nil {
@@ -72,8 +72,14 @@ func (p Patch) apply(k *Key) {
 	}
 	if p.Status != nil {
 		k.Status, k.CooldownUntil = *p.Status, time.Time{}
-		if p.CooldownUntil != nil && (k.Status == optimistic.StatusRateLimited || k.Status == optimistic.StatusCooldown) {
+		if p.CooldownUntil != nil {
 			k.CooldownUntil = p.CooldownUntil.Truncate(time.Millisecond)
 		}
 	}
+}
+
+// Cools reports whether status, if given, is one that a cooldown_until
+// goes with: rate_limited or cooldown.
+func Cools(status *optimistic.Status) bool {
+	return status != nil && (*status == optimistic.StatusRateLimited || *status == optimistic.StatusCooldown)
 }

@@ -75,7 +75,7 @@ func TestUpdateRefuses(t *testing.T) {
 	engines(t, func(t *testing.T, db database) {
 		c := db.open(t, nil)
 		before := put(t, c, testKey("k"))
-		zero, bogus := 0, optimistic.Status("bogus")
+		zero, bogus, available := 0, optimistic.Status("bogus"), optimistic.StatusAvailable
 		until := time.Now().Add(time.Hour)
 		blank := "bad pool"
 		for _, tt := range []struct {
@@ -85,6 +85,7 @@ func TestUpdateRefuses(t *testing.T) {
 		}{
 			{"nothing to change", catalog.Patch{}, "want a field"},
 			{"cooldown without a status", catalog.Patch{CooldownUntil: &until}, "cooldown_until"},
+			{"cooldown of an available key", catalog.Patch{Status: &available, CooldownUntil: &until}, "cooldown_until"},
 			{"limit 0", catalog.Patch{MaxConcurrentUses: &zero}, "max_concurrent_uses"},
 			{"unknown status", catalog.Patch{Status: &bogus}, "status"},
 			{"no models", catalog.Patch{Models: []string{}}, "models"},
@@ -103,9 +104,9 @@ func TestUpdateRefuses(t *testing.T) {
 	})
 }
 
-// On PostgreSQL (READ COMMITTED) a counter flushed between Update's read
-// of the key and its write is kept: the write does not put back the
-// count it read. The flush here is a transaction of the test's holding
+// On PostgreSQL (READ COMMITTED) a count and use time flushed between
+// Update's read of the key and its write are kept: the write does not
+// put back the ones it read. The flush here is a transaction of the test's holding
 // the row; Update's write waits for it, then commits after it.
 func TestUpdateKeepsACountFlushedMeanwhile(t *testing.T) {
 	url := pgtest.URL(t)
@@ -115,13 +116,13 @@ func TestUpdateKeepsACountFlushedMeanwhile(t *testing.T) {
 	c, err := catalog.NewPostgres(t.Context(), db, nil)
 	require.NoError(t, err)
 	k := testKey("k")
-	k.Successes = 7
+	k.Successes, k.LastUsedAt = 7, time.UnixMilli(1_700_000_000_000)
 	put(t, c, k)
 
 	flush, err := db.BeginTx(t.Context(), nil)
 	require.NoError(t, err)
 	defer func() { _ = flush.Rollback() }()
-	_, err = flush.ExecContext(t.Context(), `UPDATE catalog_keys SET successes = successes + 1 WHERE id = 'k'`)
+	_, err = flush.ExecContext(t.Context(), `UPDATE catalog_keys SET successes = successes + 1, last_used_at = 1800000000000 WHERE id = 'k'`)
 	require.NoError(t, err)
 
 	done := make(chan error, 1)
@@ -144,4 +145,5 @@ func TestUpdateKeepsACountFlushedMeanwhile(t *testing.T) {
 	after := get(t, c, "k")
 	require.Equal(t, optimistic.StatusDisabled, after.Status)
 	require.Equal(t, int64(8), after.Successes)
+	require.Equal(t, time.UnixMilli(1_800_000_000_000).UTC(), after.LastUsedAt, "nor is the use time put back")
 }

@@ -66,13 +66,14 @@ func (s *SQL) write(ctx context.Context, op string, fn func(tx txn, gen int64) e
 }
 
 // fail classifies a database error the way the lease stores do, so one
-// error mapping serves both: ErrNotFound and ErrAliasNotFound pass
-// through, and the rest go through sqlitex.Classify or postgres.Classify
-// (ErrInvalid passes, cancellation keeps both causes, a lost race that
-// outlived the retries, SQLite's busy or PostgreSQL's serialization
-// failure, is optimistic.ErrContended, anything else optimistic.ErrStore).
+// error mapping serves both: ErrNotFound, ErrAliasNotFound and
+// ErrWrongKey pass through, and the rest go through sqlitex.Classify or
+// postgres.Classify (ErrInvalid passes, cancellation keeps both causes, a
+// lost race that outlived the retries, SQLite's busy or PostgreSQL's
+// serialization failure, is optimistic.ErrContended, anything else
+// optimistic.ErrStore).
 func fail(ctx context.Context, op string, err error) error {
-	if errors.Is(err, ErrNotFound) || errors.Is(err, ErrAliasNotFound) {
+	if errors.Is(err, ErrNotFound) || errors.Is(err, ErrAliasNotFound) || errors.Is(err, ErrWrongKey) {
 		return err
 	}
 	if postgres.Conflict(err) {

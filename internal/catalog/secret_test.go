@@ -147,7 +147,9 @@ func TestRekeySkipsWhatItCannotOpen(t *testing.T) {
 		oldKey, droppedKey, newKey := key32(1), key32(9), key32(2)
 		withOld, err := db.New(t.Context(), &catalog.Options{Sealer: sealer(t, oldKey)})
 		require.NoError(t, err)
-		withDropped, err := db.New(t.Context(), &catalog.Options{Sealer: sealer(t, droppedKey)})
+		// It seals with the key dropped later; holding the old one too, it
+		// may seal into a catalog of secrets the old key sealed.
+		withDropped, err := db.New(t.Context(), &catalog.Options{Sealer: sealer(t, droppedKey, oldKey)})
 		require.NoError(t, err)
 		put(t, plain, testKey("a-plain"))
 		put(t, withOld, testKey("b-old"))
@@ -223,6 +225,39 @@ func TestRekeyRefusesAWrongKey(t *testing.T) {
 		n, _, err = withWrong.Rekey(t.Context())
 		require.NoError(t, err, "now its key sealed them")
 		require.Zero(t, n)
+	})
+}
+
+// An instance given the wrong key seals nothing into a catalog whose
+// sealed secrets none of its keys sealed: it would add secrets the others
+// cannot open, and then pass its own start's check. Into an empty or
+// plaintext-only catalog it may (nothing tells which key is right).
+func TestPutRefusesAWrongKey(t *testing.T) {
+	engines(t, func(t *testing.T, db database) {
+		plain := db.open(t, nil)
+		right, wrong := key32(1), key32(2)
+		withWrong := db.open(t, &catalog.Options{Sealer: sealer(t, wrong)})
+		withRight := db.open(t, &catalog.Options{Sealer: sealer(t, right)})
+		put(t, plain, testKey("a-plain"))
+		put(t, withRight, testKey("b-sealed"))
+
+		_, err := withWrong.PutMany(t.Context(), testKey("c"), testKey("d"))
+		require.ErrorIs(t, err, catalog.ErrWrongKey)
+		require.NotContains(t, err.Error(), secret)
+		_, err = withWrong.Put(t.Context(), testKey("b-sealed"))
+		require.ErrorIs(t, err, catalog.ErrWrongKey, "not even over the only sealed one")
+		keys, err := plain.List(t.Context(), "", "")
+		require.NoError(t, err)
+		require.Len(t, keys, 2, "nothing written")
+		require.Equal(t, secret, get(t, withRight, "b-sealed").Secret.Reveal())
+
+		rotating := db.open(t, &catalog.Options{Sealer: sealer(t, wrong, right)})
+		put(t, rotating, testKey("c"))
+		put(t, withWrong, testKey("d"))
+		require.NoError(t, plain.Delete(t.Context(), "b-sealed"))
+		require.NoError(t, plain.Delete(t.Context(), "c"))
+		require.NoError(t, plain.Delete(t.Context(), "d"))
+		put(t, withRight, testKey("e"))
 	})
 }
 

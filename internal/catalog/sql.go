@@ -163,6 +163,9 @@ func (s *SQL) PutMany(ctx context.Context, keys ...Key) ([]Key, error) {
 	}
 	var stored []Key
 	err := s.write(ctx, op, func(tx txn, gen int64) error {
+		if err := s.checkKey(ctx, tx); err != nil {
+			return err
+		}
 		for _, r := range rows {
 			if err := r.put(ctx, tx, gen, now); err != nil {
 				return err
@@ -303,6 +306,24 @@ func (s *SQL) Rekey(ctx context.Context) (sealed int, skipped []string, err erro
 		_, _ = s.db.ExecContext(ctx, `PRAGMA wal_checkpoint(TRUNCATE)`)
 	}
 	return sealed, skipped, nil
+}
+
+// checkKey refuses, with ErrWrongKey, to seal a secret into a catalog
+// that holds sealed secrets and not one under a key the Sealer has (see
+// Rekey): an instance given the wrong key would otherwise add secrets the
+// others cannot open, and then pass its own start's check.
+func (s *SQL) checkKey(ctx context.Context, tx txn) error {
+	if s.sealer == nil {
+		return nil
+	}
+	all, err := secrets(ctx, tx)
+	if err != nil {
+		return err
+	}
+	if s.sealer.foreign(all) {
+		return ErrWrongKey
+	}
+	return nil
 }
 
 // storedSecret is one row's secret as stored.

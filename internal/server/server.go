@@ -138,6 +138,9 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if cfg.Postgres != nil && cfg.RedisURL == "" {
 		return nil, errors.New("server: a PostgreSQL catalog needs a Redis URL: the SQLite lease store lives in the SQLite catalog's file")
 	}
+	if err := cfg.Pools.Check(); err != nil {
+		return nil, fmt.Errorf("server: %w", err)
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
