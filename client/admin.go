@@ -144,8 +144,8 @@ type KeyPut struct {
 // the service checks every key, writes them in one transaction, then syncs
 // the lease store. On ErrInvalidRequest nothing is written. After an error
 // that may come once the write is done (ErrStoreUnavailable or ErrContended
-// from the sync, ErrTimeout, ErrUnreachable) either every key is written
-// or none is; Sync then brings the lease store up to date.
+// from the sync, ErrTimeout, ErrOutcomeUnknown) either every key is
+// written or none is; Sync then brings the lease store up to date.
 func (a *Admin) PutKeys(ctx context.Context, keys []KeyPut) error {
 	type item struct {
 		ID string `json:"id"`

@@ -8,9 +8,11 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptrace"
 	"net/url"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 )
 
@@ -118,8 +120,10 @@ func newConn(baseURL, header, key string, o Options) (conn, error) {
 }
 
 // do sends in (nil: no body) as JSON and decodes a 2xx answer into out
-// (nil: discarded). Any other answer is an *Error; no answer is
-// ErrUnreachable, or ctx's error once ctx is done.
+// (nil: discarded). Any other answer is an *Error. No answer is
+// ErrOutcomeUnknown if a connection was made (the request may have been
+// read), and ErrUnreachable while ctx is live, or ctx's error once it
+// is done.
 func (c conn) do(ctx context.Context, method, path string, in, out any) error {
 	var body io.Reader
 	if in != nil {
@@ -131,6 +135,14 @@ func (c conn) do(ctx context.Context, method, path string, in, out any) error {
 	}
 	rctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
+	// Whether a connection was asked for, and got: once one is, the
+	// request may reach the service however the call ends. A transport
+	// that does not trace asks for none, and is taken to have sent it.
+	var asked, connected atomic.Bool
+	rctx = httptrace.WithClientTrace(rctx, &httptrace.ClientTrace{
+		GetConn: func(string) { asked.Store(true) },
+		GotConn: func(httptrace.GotConnInfo) { connected.Store(true) },
+	})
 	req, err := http.NewRequestWithContext(rctx, method, c.base+path, body)
 	if err != nil {
 		return fmt.Errorf("client: %s %s: %w", method, path, err)
@@ -148,9 +160,15 @@ func (c conn) do(ctx context.Context, method, path string, in, out any) error {
 			return answer(resp, raw, out)
 		}
 	}
-	if ctx.Err() != nil {
+	sent := connected.Load() || !asked.Load()
+	switch {
+	case ctx.Err() != nil && sent:
 		// The caller gave up: not the service's failure. Keep both causes.
+		return fmt.Errorf("%w: %s %s: %w", ErrOutcomeUnknown, method, path, errors.Join(err, ctx.Err()))
+	case ctx.Err() != nil:
 		return fmt.Errorf("client: %s %s: %w", method, path, errors.Join(err, ctx.Err()))
+	case sent:
+		return unanswered{fmt.Errorf("%w: %s %s: %w", ErrOutcomeUnknown, method, path, err)}
 	}
 	return fmt.Errorf("%w: %s %s: %w", ErrUnreachable, method, path, err)
 }

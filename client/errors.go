@@ -59,10 +59,17 @@ var (
 	// ErrAliasNotFound (404 alias_not_found): admin, the provider has no
 	// such alias.
 	ErrAliasNotFound = errors.New("client: alias not found")
-	// ErrUnreachable: no answer came back (connection refused or cut, the
-	// client's Timeout), while the caller's ctx was still live; or a proxy
-	// in between answered 502, 503 or 504 in its own words.
+	// ErrUnreachable: no answer came back while the caller's ctx was still
+	// live: the connection could not be made (nothing was sent), or
+	// ErrOutcomeUnknown, which matches it too. Retry either.
 	ErrUnreachable = errors.New("client: service unreachable")
+	// ErrOutcomeUnknown: the request went out and no answer came back (the
+	// connection was cut, the client's Timeout or ctx ended first), or a
+	// proxy in between answered 502, 503 or 504 in its own words: a write
+	// may or may not have been applied; read it back to know. While ctx
+	// is live it also matches ErrUnreachable; once ctx is done, ctx's
+	// error instead.
+	ErrOutcomeUnknown = errors.New("client: no answer to a request sent: outcome unknown")
 	// ErrNotReported wraps the error of Hold's final report: the outcome
 	// was not recorded (the lease then expires by itself). The work itself
 	// may have succeeded.
@@ -120,13 +127,21 @@ func (e *Error) Error() string {
 // Unwrap returns the sentinel of the code (ErrPoolExhausted, …), if any.
 // A 502, 503 or 504 without the service's code is a proxy's or load
 // balancer's: the request may or may not have reached the service, as
-// with no answer at all, so it is ErrUnreachable.
+// with no answer at all, so it is ErrOutcomeUnknown and ErrUnreachable.
 func (e *Error) Unwrap() error {
 	if e.Code == "" {
 		switch e.StatusCode {
 		case http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
-			return ErrUnreachable
+			return unanswered{ErrOutcomeUnknown}
 		}
 	}
 	return codes[e.Code]
 }
+
+// unanswered is a request that went out and got no answer while the
+// caller's ctx was live: it reads as its error, and matches
+// ErrUnreachable too (retry it) without saying "unreachable", which
+// would claim nothing got through.
+type unanswered struct{ error }
+
+func (e unanswered) Unwrap() []error { return []error{e.error, ErrUnreachable} }

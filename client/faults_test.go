@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -38,15 +39,19 @@ const (
 	// behind sends the request and moves the answer's lease_until back by
 	// faulty.skew, as from a service whose clock runs behind.
 	behind
+	// abandon sends the request, then the caller gives up (faulty.giveUp)
+	// before its answer is read.
+	abandon
 )
 
 // faulty is a RoundTripper over next that counts the requests of each
 // path and does to the nth of a path what fault says. It is safe for
 // concurrent use.
 type faulty struct {
-	next  http.RoundTripper
-	fault func(path string, n int) fault
-	skew  time.Duration
+	next   http.RoundTripper
+	fault  func(path string, n int) fault
+	skew   time.Duration
+	giveUp context.CancelFunc
 
 	mu      sync.Mutex
 	sent    map[string]int
@@ -86,6 +91,11 @@ func (f *faulty) RoundTrip(req *http.Request) (*http.Response, error) {
 	resp, err := f.next.RoundTrip(req)
 	if err != nil || what == pass {
 		return resp, err
+	}
+	if what == abandon {
+		_ = resp.Body.Close()
+		f.giveUp()
+		return nil, req.Context().Err()
 	}
 	raw, err := io.ReadAll(resp.Body)
 	_ = resp.Body.Close()
@@ -227,4 +237,62 @@ func TestHoldTakesEachRenewalsLength(t *testing.T) {
 	// it would be 15.
 	require.Positive(t, f.count(renewPath))
 	require.LessOrEqual(t, f.count(renewPath), 6)
+}
+
+// A write whose answer was lost may have been applied: it is
+// ErrOutcomeUnknown and says so, never "unreachable"; while the caller's
+// ctx is live it matches ErrUnreachable too (retry it), once it is done
+// ctx's error instead. Only a request that found no connection, so was
+// never sent, is ErrUnreachable alone and says "unreachable".
+func TestAdminWriteWithoutAnswer(t *testing.T) {
+	s := start(t)
+	ctx, giveUp := context.WithCancel(t.Context())
+	defer giveUp()
+	opts, f := withFaults(client.Options{}, func(path string, _ int) fault {
+		switch path {
+		case "/api/admin/keys/dropped":
+			return drop
+		case "/api/admin/keys/abandoned":
+			return abandon
+		}
+		return pass
+	})
+	f.giveUp = giveUp
+	_, adm := clients(t, s, opts)
+	spec := client.KeySpec{Provider: "openai", Pool: "default", Models: []string{"gpt-4o-2024-08-06"}, Secret: "sk-lost"}
+
+	_, err := adm.PutKey(t.Context(), "dropped", spec)
+	require.ErrorIs(t, err, client.ErrOutcomeUnknown)
+	require.ErrorIs(t, err, client.ErrUnreachable, "retryable")
+	require.NotContains(t, err.Error(), "unreachable")
+
+	_, err = adm.PutKey(ctx, "abandoned", spec)
+	require.ErrorIs(t, err, client.ErrOutcomeUnknown)
+	require.ErrorIs(t, err, context.Canceled)
+	require.NotErrorIs(t, err, client.ErrUnreachable, "the caller gave up: not the service's failure")
+
+	_, direct := clients(t, s, nil)
+	for _, id := range []string{"dropped", "abandoned"} {
+		k, err := direct.Key(t.Context(), id)
+		require.NoError(t, err, "the write of %s was applied", id)
+		require.Equal(t, "openai", k.Provider)
+	}
+
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	require.NoError(t, l.Close())
+	gone, err := client.NewAdmin("http://"+l.Addr().String(), adminKey, nil)
+	require.NoError(t, err)
+	_, err = gone.PutKey(t.Context(), "never", spec)
+	require.ErrorIs(t, err, client.ErrUnreachable)
+	require.NotErrorIs(t, err, client.ErrOutcomeUnknown, "no connection: nothing was sent")
+	require.ErrorContains(t, err, "unreachable")
+
+	// A proxy's own 502, 503 or 504 may hide an answer as well.
+	for _, code := range []int{http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout} {
+		err := &client.Error{StatusCode: code}
+		require.ErrorIs(t, err, client.ErrOutcomeUnknown, "%d", code)
+		require.ErrorIs(t, err, client.ErrUnreachable, "%d", code)
+	}
+	require.NotErrorIs(t, &client.Error{StatusCode: http.StatusServiceUnavailable, Code: "catalog_unavailable"}, client.ErrOutcomeUnknown)
 }

@@ -53,6 +53,10 @@ put replaces the whole key: a flag left out takes its default. The secret
 is read from --secret-file, or from standard input (without echo on a
 terminal); it is never printed.
 
+A write that got no answer says "outcome unknown": it may have been
+applied (check with keys get or keys list). "unreachable": no connection,
+nothing sent.
+
 import reads CSV with a header row (columns id, provider, pool, models,
 secret, max_concurrent_uses, status; id, provider, models and secret
 required; models separated by spaces; no comment lines) or JSON lines
@@ -147,7 +151,8 @@ func (c cli) run(cmd string, args []string) error {
 		}
 		return out.key(k)
 	case "keys put":
-		return c.put(ctx, adm, out, pos[0], put)
+		return outcomeUnknown(c.put(ctx, adm, out, pos[0], put),
+			"check with credpool keys get "+pos[0]+" (or put it again: a put replaces the whole key)")
 	case "keys update":
 		u, err := upd.update(fs)
 		if err != nil {
@@ -155,18 +160,18 @@ func (c cli) run(cmd string, args []string) error {
 		}
 		k, err := adm.UpdateKey(ctx, pos[0], u)
 		if err != nil {
-			return err
+			return outcomeUnknown(err, "check with credpool keys get "+pos[0]+" (or send the update again)")
 		}
 		return out.key(k)
 	case "keys delete":
 		if err := adm.DeleteKey(ctx, pos[0]); err != nil {
-			return err
+			return outcomeUnknown(err, "check with credpool keys get "+pos[0])
 		}
 		return out.result(map[string]any{"deleted": pos[0]}, "deleted "+pos[0])
 	case "keys clear-leases":
 		n, err := adm.ClearLeases(ctx, pos[0])
 		if err != nil {
-			return err
+			return outcomeUnknown(err, "check the live leases with credpool keys get "+pos[0])
 		}
 		return out.result(map[string]any{"cleared": n}, fmt.Sprintf("cleared %d lease(s) of %s", n, pos[0]))
 	case "keys import":
@@ -179,17 +184,26 @@ func (c cli) run(cmd string, args []string) error {
 		return out.aliases(all)
 	case "aliases set":
 		if err := adm.SetAlias(ctx, pos[0], pos[1], pos[2]); err != nil {
-			return err
+			return outcomeUnknown(err, "check with credpool aliases list (setting an alias twice is harmless)")
 		}
 		return out.result(client.Alias{Provider: pos[0], Alias: pos[1], Model: pos[2]},
 			fmt.Sprintf("%s/%s → %s", pos[0], pos[1], pos[2]))
 	default: // aliases delete
 		if err := adm.DeleteAlias(ctx, pos[0], pos[1]); err != nil {
-			return err
+			return outcomeUnknown(err, "check with credpool aliases list")
 		}
 		return out.result(map[string]any{"provider": pos[0], "deleted": pos[1]},
 			fmt.Sprintf("deleted alias %s of %s", pos[1], pos[0]))
 	}
+}
+
+// outcomeUnknown adds to err, if a write's answer was lost, that the
+// write may have been applied, and how to find out.
+func outcomeUnknown(err error, check string) error {
+	if errors.Is(err, client.ErrOutcomeUnknown) {
+		return fmt.Errorf("%w; the write may or may not have been applied: %s", err, check)
+	}
+	return err
 }
 
 // parseInterspersed parses flags wherever they stand among the
@@ -732,7 +746,7 @@ func putAll(ctx context.Context, adm *client.Admin, rows []row, stored map[strin
 		}
 		// No answer, or a 503 that may come after the write (the lease
 		// store's sync): the batch is written whole or not at all.
-		return fmt.Errorf("wrote %d of %d keys, then lines %d to %d: %w; they are written all or none: run the import again to finish (and POST /api/admin/sync if the lease store failed)",
+		return fmt.Errorf("wrote %d of %d keys, then lines %d to %d: %w; they are written all or none (credpool keys list shows which): run the import again to finish (and POST /api/admin/sync if the lease store failed)",
 			start, len(rows), batch[0].Line, batch[len(batch)-1].Line, err)
 	}
 	return nil

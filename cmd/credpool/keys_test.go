@@ -4,7 +4,11 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"net"
 	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -397,4 +401,75 @@ func TestKeysCommands(t *testing.T) {
 	require.ErrorContains(t, err, "unknown command")
 	_, _, err = a.run("", "keys", "get")
 	require.ErrorContains(t, err, "want 1 argument")
+}
+
+// proxy is a loopback HTTP proxy to a's service: each request goes to
+// handle with forward, which passes it on and writes the service's
+// answer to the given writer. It returns the proxy's URL.
+func (a *adminCLI) proxy(handle func(w http.ResponseWriter, r *http.Request, forward func(http.ResponseWriter))) string {
+	a.t.Helper()
+	target, err := url.Parse(a.env["CREDPOOL_URL"])
+	require.NoError(a.t, err)
+	rp := httputil.NewSingleHostReverseProxy(target)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		handle(w, r, func(to http.ResponseWriter) { rp.ServeHTTP(to, r) })
+	}))
+	a.t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+// A write whose answer is lost (the proxy passes it on, the service
+// answers, the proxy cuts the connection) says its outcome is unknown and
+// how to check, never "unreachable": it was applied. A service that
+// cannot be connected to is "unreachable", and nothing was sent.
+func TestKeysWriteWithoutAnswer(t *testing.T) {
+	a := startAdmin(t)
+	direct := a.env["CREDPOOL_URL"]
+	a.env["CREDPOOL_URL"] = a.proxy(func(w http.ResponseWriter, r *http.Request, forward func(http.ResponseWriter)) {
+		if r.Method == http.MethodGet {
+			forward(w)
+			return
+		}
+		forward(httptest.NewRecorder())
+		conn, _, err := http.NewResponseController(w).Hijack()
+		if err == nil {
+			_ = conn.Close()
+		}
+	})
+	has := func(id string) func() bool { return func() bool { _, ok := a.keys()[id]; return ok } }
+	for _, c := range []struct {
+		stdin string
+		args  []string
+		check string
+		// applied, if set, checks that the write was.
+		applied func() bool
+	}{
+		{"sk-lost-answer\n", []string{"keys", "put", "p1", "--provider", "openai", "--models", "m"}, "check with credpool keys get p1", has("p1")},
+		{"", []string{"keys", "clear-leases", "p1"}, "check the live leases with credpool keys get p1", nil},
+		{"", []string{"aliases", "set", "openai", "fast", "m"}, "set it again to be sure", nil},
+		{"", []string{"keys", "delete", "p1"}, "check with credpool keys get p1", func() bool { return !has("p1")() }},
+		{"", []string{"keys", "import", writeFile(t, "keys.csv", importCSV(3))}, "wrote 0 of 3 keys, then lines 2 to 4", has("imp-0002")},
+	} {
+		out, errOut, err := a.run(c.stdin, c.args...)
+		require.ErrorIs(t, err, client.ErrOutcomeUnknown, "%v", c.args)
+		require.ErrorContains(t, err, "outcome unknown")
+		require.ErrorContains(t, err, c.check)
+		require.NotContains(t, err.Error(), "unreachable")
+		require.Empty(t, out+errOut)
+		if c.applied != nil {
+			require.True(t, c.applied(), "%v was applied", c.args)
+		}
+	}
+
+	// Nothing listens: no request went out.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	require.NoError(t, l.Close())
+	a.env["CREDPOOL_URL"] = "http://" + l.Addr().String()
+	_, _, err = a.run("sk-never\n", "keys", "put", "p2", "--provider", "openai", "--models", "m")
+	require.ErrorIs(t, err, client.ErrUnreachable)
+	require.ErrorContains(t, err, "unreachable")
+	require.NotContains(t, err.Error(), "outcome unknown")
+	a.env["CREDPOOL_URL"] = direct
+	require.NotContains(t, a.keys(), "p2")
 }
