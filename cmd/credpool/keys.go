@@ -12,10 +12,12 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -55,7 +57,9 @@ terminal); it is never printed.
 
 A write that got no answer says "outcome unknown": it may have been
 applied (check with keys get or keys list). "unreachable": no connection,
-nothing sent.
+nothing sent. Ctrl-C stops a command (exit 130; SIGTERM 143); an import
+finishes the batch in flight first, and says how far it got (a second
+Ctrl-C abandons that batch).
 
 import reads CSV with a header row (columns id, provider, pool, models,
 secret, max_concurrent_uses, status; id, provider, models and secret
@@ -79,11 +83,56 @@ type cli struct {
 	getenv         func(string) string
 	// http sends the admin requests; nil: the client's default.
 	http *http.Client
+	// interrupts are SIGINT and SIGTERM (see watch); nil: none come.
+	interrupts <-chan os.Signal
 }
 
 // runAdmin runs "credpool keys …" or "credpool aliases …".
 func runAdmin(cmd string, args []string) error {
-	return cli{stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr, getenv: os.Getenv}.run(cmd, args)
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+	return cli{stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr, getenv: os.Getenv, interrupts: sigs}.run(cmd, args)
+}
+
+// interrupted is the cause of a command's ctx that a signal ended.
+type interrupted struct{ sig os.Signal }
+
+func (e *interrupted) Error() string {
+	if e.sig == syscall.SIGTERM {
+		return "terminated (SIGTERM)"
+	}
+	return "interrupted (SIGINT)"
+}
+
+// exitCode is the status a shell gives a command that sig killed: 128
+// and its number (130 for SIGINT, 143 for SIGTERM).
+func (e *interrupted) exitCode() int {
+	if e.sig == syscall.SIGTERM {
+		return 128 + int(syscall.SIGTERM)
+	}
+	return 128 + int(syscall.SIGINT)
+}
+
+// watch returns ctx and batches, ctx's parent: the first interrupt ends
+// ctx, the second batches, each with an *interrupted cause. Every request
+// goes under ctx but an import's batches, under batches: one in flight at
+// the first interrupt is finished (it is written all or none), the second
+// abandons it.
+func (c cli) watch(parent context.Context) (ctx, batches context.Context, cancel context.CancelFunc) {
+	batches, abandon := context.WithCancelCause(parent)
+	ctx, stop := context.WithCancelCause(batches)
+	go func() {
+		for _, end := range []context.CancelCauseFunc{stop, abandon} {
+			select {
+			case sig := <-c.interrupts:
+				end(&interrupted{sig})
+			case <-batches.Done():
+				return
+			}
+		}
+	}()
+	return ctx, batches, func() { abandon(nil) }
 }
 
 func (c cli) run(cmd string, args []string) error {
@@ -130,13 +179,33 @@ func (c cli) run(cmd string, args []string) error {
 	if len(pos) != n {
 		return fmt.Errorf("credpool %s: want %d argument(s), got %d", sub, n, len(pos))
 	}
+	var update client.KeyUpdate
+	if sub == "keys update" {
+		if update, err = upd.update(fs); err != nil {
+			return err
+		}
+	}
 	adm, err := common.admin(c.getenv, c.http)
 	if err != nil {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), common.timeout)
 	defer cancel()
-	out := output{w: c.stdout, json: common.output == "json"}
+	ctx, batches, unwatch := c.watch(ctx)
+	defer unwatch()
+	err = c.dispatch(ctx, batches, adm, sub, pos, put, update, imp, output{w: c.stdout, json: common.output == "json"})
+	// What an interrupt cut short says so first; it decides the exit
+	// status.
+	var stopped *interrupted
+	if err != nil && errors.As(context.Cause(ctx), &stopped) {
+		err = fmt.Errorf("%w: %w", stopped, err)
+	}
+	return err
+}
+
+// dispatch runs subcommand sub. A write whose answer was lost says so: it
+// may have been applied.
+func (c cli) dispatch(ctx, batches context.Context, adm *client.Admin, sub string, pos []string, put putFlags, update client.KeyUpdate, imp importFlags, out output) error {
 	switch sub {
 	case "keys list":
 		keys, err := adm.Keys(ctx)
@@ -154,11 +223,7 @@ func (c cli) run(cmd string, args []string) error {
 		return outcomeUnknown(c.put(ctx, adm, out, pos[0], put),
 			"check with credpool keys get "+pos[0]+" (or put it again: a put replaces the whole key)")
 	case "keys update":
-		u, err := upd.update(fs)
-		if err != nil {
-			return err
-		}
-		k, err := adm.UpdateKey(ctx, pos[0], u)
+		k, err := adm.UpdateKey(ctx, pos[0], update)
 		if err != nil {
 			return outcomeUnknown(err, "check with credpool keys get "+pos[0]+" (or send the update again)")
 		}
@@ -175,7 +240,7 @@ func (c cli) run(cmd string, args []string) error {
 		}
 		return out.result(map[string]any{"cleared": n}, fmt.Sprintf("cleared %d lease(s) of %s", n, pos[0]))
 	case "keys import":
-		return c.importKeys(ctx, adm, out, pos[0], imp)
+		return c.importKeys(ctx, batches, adm, out, pos[0], imp)
 	case "aliases list":
 		all, err := adm.Aliases(ctx)
 		if err != nil {
@@ -376,9 +441,9 @@ func (c cli) put(ctx context.Context, adm *client.Admin, out output, id string, 
 	if problems := r.check(); len(problems) > 0 {
 		return errors.New(strings.Join(problems, "; "))
 	}
-	secret, err := c.readSecret(id, f.secretFile)
+	secret, err := c.readSecret(ctx, id, f.secretFile)
 	if err != nil {
-		return err
+		return fmt.Errorf("%w; nothing written", err)
 	}
 	r.Secret = secret
 	k, err := adm.PutKey(ctx, id, r.spec(nil))
@@ -391,16 +456,14 @@ func (c cli) put(ctx context.Context, adm *client.Admin, out output, id string, 
 // readSecret reads a secret from path, or from standard input ("" or
 // "-"): prompted for without echo on a terminal. Surrounding whitespace
 // is dropped; an empty secret is refused.
-func (c cli) readSecret(id, path string) (client.Secret, error) {
+func (c cli) readSecret(ctx context.Context, id, path string) (client.Secret, error) {
 	var raw []byte
 	var err error
 	switch f, ok := c.stdin.(*os.File); {
 	case path != "" && path != "-":
 		raw, err = os.ReadFile(path)
 	case ok && term.IsTerminal(int(f.Fd())):
-		fmt.Fprintf(c.stderr, "secret of %s: ", id)
-		raw, err = term.ReadPassword(int(f.Fd()))
-		fmt.Fprintln(c.stderr)
+		raw, err = c.prompt(ctx, int(f.Fd()), id)
 	default:
 		raw, err = io.ReadAll(io.LimitReader(c.stdin, 64<<10))
 	}
@@ -412,6 +475,36 @@ func (c cli) readSecret(id, path string) (client.Secret, error) {
 		return "", errors.New("the secret is empty")
 	}
 	return client.Secret(secret), nil
+}
+
+// prompt asks for the secret of id on terminal fd and reads it without
+// echo. If ctx ends first (an interrupt) it puts the terminal back as it
+// found it, echo on, and returns ctx's error; the read is left blocked
+// until the process exits, which it then does.
+func (c cli) prompt(ctx context.Context, fd int, id string) ([]byte, error) {
+	state, err := term.GetState(fd)
+	if err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(c.stderr, "secret of %s: ", id)
+	type read struct {
+		raw []byte
+		err error
+	}
+	done := make(chan read, 1)
+	go func() {
+		raw, err := term.ReadPassword(fd)
+		done <- read{raw, err}
+	}()
+	select {
+	case r := <-done:
+		fmt.Fprintln(c.stderr)
+		return r.raw, r.err
+	case <-ctx.Done():
+		err := term.Restore(fd, state)
+		fmt.Fprintln(c.stderr)
+		return nil, errors.Join(ctx.Err(), err)
+	}
 }
 
 // importFlags are "keys import"'s.
@@ -658,7 +751,9 @@ type importPlan struct {
 	DryRun    bool     `json:"dry_run,omitempty"`
 }
 
-func (c cli) importKeys(ctx context.Context, adm *client.Admin, out output, path string, f importFlags) error {
+// importKeys runs "keys import". Its batches go under batches, its other
+// requests under ctx, and once ctx is done no batch starts (see putAll).
+func (c cli) importKeys(ctx, batches context.Context, adm *client.Admin, out output, path string, f importFlags) error {
 	format := f.format
 	if format == "" {
 		format = "csv"
@@ -715,25 +810,44 @@ func (c cli) importKeys(ctx context.Context, adm *client.Admin, out output, path
 		writes = append(writes, r)
 	}
 	if !f.dryRun {
-		if err := putAll(ctx, adm, writes, stored); err != nil {
+		if err := putAll(ctx, batches, c.stderr, adm, writes, stored); err != nil {
 			return err
 		}
 	}
 	return out.plan(plan)
 }
 
-// putAll writes rows in batches of client.MaxPutKeys, one request each,
-// which the service writes whole or not at all. It stops at the first
-// failure and says how far it got: a rerun finishes the job, since rows
-// already written then match.
-func putAll(ctx context.Context, adm *client.Admin, rows []row, stored map[string]*client.Key) error {
+// putAll writes rows in batches of client.MaxPutKeys, one request each
+// under batches, which the service writes whole or not at all. It stops
+// at the first failure, or before the next batch once stop is done (an
+// interrupt: the batch in flight is finished, and stderr says so), and
+// says how far it got: a rerun finishes the job, since rows already
+// written then match.
+func putAll(stop, batches context.Context, stderr io.Writer, adm *client.Admin, rows []row, stored map[string]*client.Key) error {
 	for start := 0; start < len(rows); start += client.MaxPutKeys {
 		batch := rows[start:min(start+client.MaxPutKeys, len(rows))]
+		first, last := batch[0].Line, batch[len(batch)-1].Line
+		if stop.Err() != nil {
+			return fmt.Errorf("stopped before line %d: wrote %d of %d keys; run the import again to write the rest (keys already written match and are left alone)",
+				first, start, len(rows))
+		}
 		keys := make([]client.KeyPut, len(batch))
 		for i, r := range batch {
 			keys[i] = client.KeyPut{ID: r.ID, KeySpec: r.spec(stored[r.ID])}
 		}
-		err := adm.PutKeys(ctx, keys)
+		told := make(chan struct{})
+		tell := context.AfterFunc(stop, func() {
+			defer close(told)
+			var sig *interrupted
+			if errors.As(context.Cause(stop), &sig) {
+				fmt.Fprintf(stderr, "credpool: %v: finishing lines %d to %d, written all or none; interrupt again to abandon them\n",
+					sig, first, last)
+			}
+		})
+		err := adm.PutKeys(batches, keys)
+		if !tell() {
+			<-told
+		}
 		var refused *client.Error
 		switch {
 		case err == nil:
@@ -742,12 +856,12 @@ func putAll(ctx context.Context, adm *client.Admin, rows []row, stored map[strin
 			return fmt.Errorf("%w; nothing written", err)
 		case errors.As(err, &refused) && refused.StatusCode < 500:
 			return fmt.Errorf("wrote %d of %d keys, then lines %d to %d: %w; none of them written",
-				start, len(rows), batch[0].Line, batch[len(batch)-1].Line, err)
+				start, len(rows), first, last, err)
 		}
 		// No answer, or a 503 that may come after the write (the lease
 		// store's sync): the batch is written whole or not at all.
 		return fmt.Errorf("wrote %d of %d keys, then lines %d to %d: %w; they are written all or none (credpool keys list shows which): run the import again to finish (and POST /api/admin/sync if the lease store failed)",
-			start, len(rows), batch[0].Line, batch[len(batch)-1].Line, err)
+			start, len(rows), first, last, err)
 	}
 	return nil
 }

@@ -1,18 +1,22 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -446,7 +450,7 @@ func TestKeysWriteWithoutAnswer(t *testing.T) {
 	}{
 		{"sk-lost-answer\n", []string{"keys", "put", "p1", "--provider", "openai", "--models", "m"}, "check with credpool keys get p1", has("p1")},
 		{"", []string{"keys", "clear-leases", "p1"}, "check the live leases with credpool keys get p1", nil},
-		{"", []string{"aliases", "set", "openai", "fast", "m"}, "set it again to be sure", nil},
+		{"", []string{"aliases", "set", "openai", "fast", "m"}, "check with credpool aliases list", nil},
 		{"", []string{"keys", "delete", "p1"}, "check with credpool keys get p1", func() bool { return !has("p1")() }},
 		{"", []string{"keys", "import", writeFile(t, "keys.csv", importCSV(3))}, "wrote 0 of 3 keys, then lines 2 to 4", has("imp-0002")},
 	} {
@@ -472,4 +476,112 @@ func TestKeysWriteWithoutAnswer(t *testing.T) {
 	require.NotContains(t, err.Error(), "outcome unknown")
 	a.env["CREDPOOL_URL"] = direct
 	require.NotContains(t, a.keys(), "p2")
+}
+
+// cliProcess is "credpool args..." run as a process against a's service,
+// its standard error read line by line.
+type cliProcess struct {
+	cmd    *exec.Cmd
+	lines  chan string // closed at the end of standard error
+	exited chan error  // Wait's result
+}
+
+func (a *adminCLI) start(url string, args ...string) *cliProcess {
+	a.t.Helper()
+	cmd := exec.Command(os.Args[0], args...)
+	cmd.Env = append(os.Environ(), "CREDPOOL_TEST_MAIN=1", "CREDPOOL_URL="+url, "CREDPOOL_ADMIN_KEY="+a.env["CREDPOOL_ADMIN_KEY"])
+	stderr, err := cmd.StderrPipe()
+	require.NoError(a.t, err)
+	require.NoError(a.t, cmd.Start())
+	p := &cliProcess{cmd: cmd, lines: make(chan string, 64), exited: make(chan error, 1)}
+	go func() {
+		for s := bufio.NewScanner(stderr); s.Scan(); {
+			p.lines <- s.Text()
+		}
+		close(p.lines)
+		p.exited <- cmd.Wait()
+	}()
+	a.t.Cleanup(func() { _ = cmd.Process.Kill() })
+	return p
+}
+
+// line waits for the next line of standard error, failing at its end.
+func (p *cliProcess) line(t *testing.T) string {
+	t.Helper()
+	line, ok := <-p.lines
+	require.True(t, ok, "standard error ended")
+	return line
+}
+
+// wait waits for the process to end; it returns the rest of standard
+// error and the exit status.
+func (p *cliProcess) wait(t *testing.T) (string, int) {
+	t.Helper()
+	var rest []string
+	for line := range p.lines {
+		rest = append(rest, line)
+	}
+	err := <-p.exited
+	var ee *exec.ExitError
+	if err != nil {
+		require.ErrorAs(t, err, &ee)
+	}
+	return strings.Join(rest, "\n"), p.cmd.ProcessState.ExitCode()
+}
+
+// Ctrl-C during a multi-batch import stops it after the batch in flight
+// (written all or none), says how many keys were written and where the
+// rest starts, and exits 130; a rerun writes the rest. A second Ctrl-C
+// abandons the batch in flight, whose outcome is then unknown.
+func TestKeysImportInterrupted(t *testing.T) {
+	for _, twice := range []bool{false, true} {
+		t.Run(map[bool]string{false: "once", true: "twice"}[twice], func(t *testing.T) {
+			a := startAdmin(t)
+			demo := len(a.keys())
+			// The first batch is held at the proxy until released.
+			held, release := make(chan struct{}), make(chan struct{})
+			var bulk atomic.Int32
+			url := a.proxy(func(w http.ResponseWriter, r *http.Request, forward func(http.ResponseWriter)) {
+				if r.Method == http.MethodPut && r.URL.Path == "/api/admin/keys" && bulk.Add(1) == 1 {
+					// Read whole, so that the server sees the client go.
+					body, err := io.ReadAll(r.Body)
+					if err != nil {
+						return
+					}
+					r.Body = io.NopCloser(bytes.NewReader(body))
+					close(held)
+					select {
+					case <-release:
+					case <-r.Context().Done():
+						return
+					}
+				}
+				forward(w)
+			})
+			path := writeFile(t, "keys.csv", importCSV(2500))
+			p := a.start(url, "keys", "import", path)
+			<-held
+			require.NoError(t, p.cmd.Process.Signal(syscall.SIGINT))
+			require.Equal(t, "credpool: interrupted (SIGINT): finishing lines 2 to 1001, written all or none; interrupt again to abandon them", p.line(t))
+			if !twice {
+				close(release)
+				rest, code := p.wait(t)
+				require.Equal(t, 130, code, rest)
+				require.Equal(t, "credpool: interrupted (SIGINT): stopped before line 1002: wrote 1000 of 2500 keys; run the import again to write the rest (keys already written match and are left alone)", rest)
+				keys := a.keys()
+				require.Len(t, keys, demo+1000)
+				require.Contains(t, keys, "imp-0999")
+				out, errOut, err := a.run("", "keys", "import", path)
+				require.NoError(t, err, errOut)
+				require.Equal(t, "1500 key(s) created, 0 updated, 1000 unchanged\n", out)
+				return
+			}
+			require.NoError(t, p.cmd.Process.Signal(syscall.SIGINT))
+			rest, code := p.wait(t)
+			require.Equal(t, 130, code, rest)
+			require.Contains(t, rest, "credpool: interrupted (SIGINT): wrote 0 of 2500 keys, then lines 2 to 1001: client: no answer to a request sent: outcome unknown")
+			require.Contains(t, rest, "they are written all or none (credpool keys list shows which): run the import again to finish")
+			require.Len(t, a.keys(), demo, "the proxy never passed the batch on")
+		})
+	}
 }

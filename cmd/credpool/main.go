@@ -11,6 +11,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"runtime/debug"
@@ -69,6 +70,12 @@ func main() {
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "credpool:", err)
+		// An admin command a signal stopped exits as the signal would
+		// have killed it (130 for SIGINT), having said what it left.
+		var stopped *interrupted
+		if errors.As(err, &stopped) {
+			os.Exit(stopped.exitCode())
+		}
 		os.Exit(1)
 	}
 }
