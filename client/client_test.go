@@ -168,6 +168,17 @@ func TestAdminKeys(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, spec.LastVerifiedAt, k.LastVerifiedAt.UTC())
 	require.Equal(t, 2, k.MaxConcurrentUses)
+	cooling, disabled := spec, spec
+	cooling.Status, cooling.CooldownUntil = "cooldown", time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
+	disabled.Status, disabled.CooldownUntil = "disabled", cooling.CooldownUntil
+	k, err = adm.PutKey(ctx, "k", cooling)
+	require.NoError(t, err)
+	require.Equal(t, cooling.CooldownUntil, k.CooldownUntil.UTC())
+	k, err = adm.PutKey(ctx, "k", disabled)
+	require.NoError(t, err)
+	require.Nil(t, k.CooldownUntil, "read only with rate_limited or cooldown")
+	k, err = adm.PutKey(ctx, "k", spec)
+	require.NoError(t, err)
 
 	require.NoError(t, adm.SetAlias(ctx, "openai", "fast", "gpt-4o-2024-08-06"))
 	l, err := c.Allocate(ctx, client.AllocateRequest{Provider: "openai", Model: "fast"})

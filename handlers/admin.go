@@ -197,7 +197,8 @@ func (req putKeyRequest) key(c *gin.Context, prefix, id string) (catalog.Key, bo
 	if req.MaxConcurrentUses != nil {
 		k.MaxConcurrentUses = *req.MaxConcurrentUses
 	}
-	if req.CooldownUntil != nil {
+	if req.CooldownUntil != nil && catalog.Cools(&k.Status) {
+		// Read only with the statuses it goes with, as documented.
 		k.CooldownUntil = *req.CooldownUntil
 	}
 	if req.LastVerifiedAt != nil {
