@@ -119,12 +119,19 @@ func startServe(t *testing.T, env []string, args ...string) *serveProcess {
 	return p
 }
 
+// serveCommand is "credpool serve args..." on a free loopback port, as
+// the test binary runs it, with only env of credpool's environment.
+func serveCommand(env []string, args ...string) *exec.Cmd {
+	cmd := exec.Command(os.Args[0], append([]string{"serve", "--listen", "127.0.0.1:0"}, args...)...)
+	cmd.Env = append(append(os.Environ(), "CREDPOOL_TEST_MAIN=1", "CREDPOOL_REDIS_URL=", "CREDPOOL_INTERNAL_KEY=", "CREDPOOL_ADMIN_KEY=", "CREDPOOL_SECRET_KEY="), env...)
+	return cmd
+}
+
 // startServeHeld is startServe, but leaves the rest of stderr to the
 // test: to read, to leave unread, or to close.
 func startServeHeld(t *testing.T, env []string, args ...string) (*serveProcess, io.ReadCloser) {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], append([]string{"serve", "--listen", "127.0.0.1:0"}, args...)...)
-	cmd.Env = append(append(os.Environ(), "CREDPOOL_TEST_MAIN=1", "CREDPOOL_REDIS_URL=", "CREDPOOL_INTERNAL_KEY=", "CREDPOOL_ADMIN_KEY=", "CREDPOOL_SECRET_KEY="), env...)
+	cmd := serveCommand(env, args...)
 	stderr, err := cmd.StderrPipe()
 	require.NoError(t, err)
 	require.NoError(t, cmd.Start())
@@ -627,8 +634,7 @@ func TestServeDevSaysWhichKeyFileIsWrong(t *testing.T) {
 // that serves is stopped at once; one that hangs, within 30 s.
 func serveFails(t *testing.T, env []string, args ...string) string {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], append([]string{"serve", "--listen", "127.0.0.1:0"}, args...)...)
-	cmd.Env = append(append(os.Environ(), "CREDPOOL_TEST_MAIN=1", "CREDPOOL_REDIS_URL=", "CREDPOOL_INTERNAL_KEY=", "CREDPOOL_ADMIN_KEY=", "CREDPOOL_SECRET_KEY="), env...)
+	cmd := serveCommand(env, args...)
 	stderr, err := cmd.StderrPipe()
 	require.NoError(t, err)
 	require.NoError(t, cmd.Start())
