@@ -89,7 +89,8 @@ type Options struct {
 	//
 	// default: DefaultWeights()
 	Weights *Weights
-	// Pools is the pool fallback order.
+	// Pools is the pool fallback order; check it with PoolOrder.Check (the
+	// Broker does not: it only tries a pool's own fallbacks, one step).
 	//
 	// default: DefaultPoolOrder() (vip borrows default)
 	Pools PoolOrder

@@ -131,8 +131,9 @@ func stale(verified, now time.Time, horizon time.Duration) float64 {
 }
 
 // PoolOrder is the pool fallback order: pools listed for a pool are tried
-// after it, and borrowing is one-way (vip may borrow default, never the
-// reverse). A nil PoolOrder uses DefaultPoolOrder.
+// after it (not theirs in turn), and borrowing is one-way (vip may borrow
+// default, never the reverse; Check refuses an order that is not). A nil
+// PoolOrder uses DefaultPoolOrder.
 type PoolOrder map[string][]string
 
 // DefaultPoolOrder returns the default order: vip falls back to default.
