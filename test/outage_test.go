@@ -685,3 +685,27 @@ func TestCloseReleasesWhileTheCatalogHangs(t *testing.T) {
 	require.Contains(t, s.logs.String(), "uses of the last moments not written", "the catalog took all of Close's time")
 	require.Equal(t, int32(1), store.released.Load(), "the release waiting for the store was made at Close")
 }
+
+// An instance started on another lease store than the one that served the
+// keys (here without Redis: the SQLite store in the catalog's file, as
+// `credpool serve` without --redis) grants none of them while leases the
+// first store granted may be in use: it holds each key back for the
+// longest lease. Clearing a key's leases, the operator's word that none is
+// in use, lifts the hold.
+func TestHTTPAnotherStoreHoldsKeysBack(t *testing.T) {
+	a := startService(t, serviceOptions{})
+	a.putKey(t, "k1", "default", 1, nil)
+	code, _, out := a.internal(t, "allocate-key", allocBody("default"))
+	require.Equal(t, http.StatusOK, code, "%v", out)
+
+	b := startService(t, serviceOptions{sqlite: true, dir: a.dir})
+	code, h, out := b.internal(t, "allocate-key", allocBody("default"))
+	require.Equal(t, http.StatusTooManyRequests, code, "the lease a's store granted may be in use: %v", out)
+	require.Equal(t, "pool_exhausted", errCode(out))
+	require.NotEqual(t, "1", h.Get("Retry-After"), "held back until the longest lease ends")
+
+	code, out = b.admin(t, http.MethodPost, "keys/k1/clear-leases", nil)
+	require.Equal(t, http.StatusOK, code, "%v", out)
+	code, _, out = b.internal(t, "allocate-key", allocBody("default"))
+	require.Equal(t, http.StatusOK, code, "lifted: %v", out)
+}

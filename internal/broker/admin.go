@@ -20,6 +20,8 @@ type AdminCatalog interface {
 	Key(ctx context.Context, id string) (catalog.Key, error)
 	List(ctx context.Context, provider, pool string) ([]catalog.Key, error)
 	Delete(ctx context.Context, id string) error
+	// Lift ends a key's quarantine; it reports whether there was one.
+	Lift(ctx context.Context, id string, now time.Time) (bool, error)
 	SetAlias(ctx context.Context, provider, alias, model string) error
 	DeleteAlias(ctx context.Context, provider, alias string) error
 	Aliases(ctx context.Context) ([]catalog.Alias, error)
@@ -167,19 +169,34 @@ func (a *Admin) Delete(ctx context.Context, id string) error {
 
 // ClearLeases force-releases every lease of the key, and returns how many
 // it released; catalog.ErrNotFound if it released none and the catalog has
-// no such key.
+// no such key. It is the operator's word that none of the key's leases is
+// in use, so it also lifts a quarantine (a hold for leases the store lost,
+// or another store granted) and syncs the key: it grants again at once,
+// unless the store itself holds it back (see optimistic.Options.LostHold).
+// Leases of a key gone from the catalog are cleared too.
 func (a *Admin) ClearLeases(ctx context.Context, id string) (int, error) {
 	n, err := a.store.ClearLeases(ctx, id)
-	if err != nil || n > 0 {
-		// Leases of a key gone from the catalog are cleared too.
-		return n, err
-	}
-	// Nothing cleared: a typo is told apart from a key with no leases
-	// (with the catalog down, nothing cleared stands).
-	if _, err := a.catalog.Key(ctx, id); errors.Is(err, catalog.ErrNotFound) {
+	if err != nil {
 		return 0, err
 	}
-	return 0, nil
+	lifted, err := a.catalog.Lift(ctx, id, time.Now())
+	switch {
+	case errors.Is(err, catalog.ErrNotFound) && n > 0:
+		return n, nil
+	case err != nil:
+		return n, catalogErr(ctx, "lift quarantine", err)
+	case lifted:
+		k, err := a.catalog.Key(ctx, id)
+		if errors.Is(err, catalog.ErrNotFound) {
+			return n, nil
+		}
+		if err != nil {
+			return n, catalogErr(ctx, "get key", err)
+		}
+		_, err = a.resync(ctx, k)
+		return n, err
+	}
+	return n, nil
 }
 
 // Sync rewrites the store's state of every catalog key and returns how

@@ -127,8 +127,11 @@ func (s syncer[C]) sync(ctx context.Context, k catalog.Key, in optimistic.KeyInf
 	if lost {
 		s.losses.total.Add(1)
 		how := "the key is missing"
-		if in.Exists {
+		switch {
+		case in.Exists:
 			how = "its state is older than a grant seen on it"
+		case k.SyncedStore != s.storeID:
+			how = "the key was served by another lease store, whose leases may be in use: " + k.SyncedStore
 		}
 		s.log.WarnContext(ctx, "the lease store lost this key's state: no grants on it until every lease it may have had has ended",
 			"key_id", k.ID, "how", how, "until", k.QuarantineUntil)
@@ -192,15 +195,17 @@ func sameState(a, b catalog.Key) bool {
 }
 
 // lostUntil reports whether the store lost leases of k, by in, and until
-// when they may still be in use. Either it lacks k although k reached it:
-// then for up to maxLease from now. A key the store could not read
-// (in.Unreachable) is not known to be lacking. Or it holds k back, having
-// found its state older than a grant it had seen (a restart from an older
-// copy, see optimistic.Options.LostHold), longer than the catalog does:
-// then until that hold ends.
+// when they may still be in use. Either it lacks k although k reached a
+// store, this one or another (the service moved to this store, or an
+// instance was pointed at another by mistake: leases granted there may be
+// in use): then for up to maxLease from now. A key the store could not
+// read (in.Unreachable) is not known to be lacking. Or it holds k back,
+// having found its state older than a grant it had seen (a restart from
+// an older copy, see optimistic.Options.LostHold), longer than the catalog
+// does: then until that hold ends.
 func (s syncer[C]) lostUntil(k catalog.Key, in optimistic.KeyInfo, now time.Time) (time.Time, bool) {
 	switch {
-	case !in.Exists && !in.Unreachable && !k.SyncedAt.IsZero() && k.SyncedStore == s.storeID:
+	case !in.Exists && !in.Unreachable && !k.SyncedAt.IsZero():
 		return now.Add(s.maxLease), true
 	case in.HeldUntil.After(now) && in.HeldUntil.After(k.QuarantineUntil):
 		return in.HeldUntil, true

@@ -1,7 +1,9 @@
 package broker_test
 
 import (
+	"bytes"
 	"fmt"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -88,14 +90,64 @@ func TestReportAfterLossHoldsBack(t *testing.T) {
 	capacityError(t, err)
 }
 
-// A key the store lacks because the service moved to another store is no
-// loss: it is synced and granted at once.
-func TestNewStoreIsNoLoss(t *testing.T) {
+// A key the store lacks because the service moved to another store (or an
+// instance was pointed at another by mistake) is held back too: leases
+// the first store granted may still be in use. An operator who knows they
+// are not lifts the hold by clearing the key's leases.
+func TestNewStoreHoldsBack(t *testing.T) {
 	e := newEnv(t, key("a", "default", 1))
-	moved := broker.New(e.cat, e.store, &broker.Options{Logger: e.log, StoreID: "another-redis"})
+	held := allocate(t, e.broker(e.cat, e.store), req("default"))
+	var logs lockedBuffer
+	opts := &broker.Options{
+		Requests: e.requests, Logger: slog.New(slog.NewTextHandler(&logs, nil)), StoreID: "another-redis",
+		MaxLease: time.Hour, Losses: broker.NewLosses(),
+	}
+	moved := broker.New(e.cat, e.store, opts)
 	require.NoError(t, e.store.DeleteKey(t.Context(), "a"))
-	allocate(t, moved, req("default"))
+
+	_, err := moved.Allocate(t.Context(), req("default"))
+	full := capacityError(t, err)
+	require.WithinDuration(t, time.Now().Add(time.Hour), full.FreeAt, time.Minute, "held back for MaxLease")
+	require.Contains(t, logs.String(), "served by another lease store")
+
+	admin := broker.NewAdmin(e.cat, e.store, opts)
+	n, err := admin.ClearLeases(t.Context(), "a")
+	require.NoError(t, err)
+	require.Zero(t, n, "the new store had none")
+	require.True(t, e.get(t, "a").QuarantineUntil.IsZero(), "lifted")
+	again := allocate(t, moved, req("default"))
+	require.Greater(t, again.Fence, held.Fence)
 	require.Equal(t, "another-redis", e.get(t, "a").SyncedStore)
+}
+
+// Clearing a key's leases lifts the hold on a key the store lost, and the
+// key grants again at once; a key with no hold is left as it is.
+func TestClearLeasesLiftsAHold(t *testing.T) {
+	e := newEnv(t, key("a", "default", 1), key("b", "other", 1))
+	opts := &broker.Options{Requests: e.requests, Logger: e.log, MaxLease: time.Hour, Losses: broker.NewLosses()}
+	b := broker.New(e.cat, e.store, opts)
+	admin := broker.NewAdmin(e.cat, e.store, opts)
+	r := req("default")
+	allocate(t, b, r)
+	require.NoError(t, e.store.DeleteKey(t.Context(), "a"))
+	_, err := b.Allocate(t.Context(), r)
+	capacityError(t, err)
+
+	n, err := admin.ClearLeases(t.Context(), "a")
+	require.NoError(t, err)
+	require.Zero(t, n)
+	allocate(t, b, r)
+	l, err := admin.Losses(t.Context())
+	require.NoError(t, err)
+	require.Zero(t, l.Held)
+
+	before := e.get(t, "b")
+	n, err = admin.ClearLeases(t.Context(), "b")
+	require.NoError(t, err)
+	require.Zero(t, n)
+	require.Equal(t, before.UpdatedAt, e.get(t, "b").UpdatedAt, "nothing to lift: nothing written")
+	_, err = admin.ClearLeases(t.Context(), "nope")
+	require.ErrorIs(t, err, catalog.ErrNotFound)
 }
 
 // A quarantined key deleted meanwhile is gone, not a failure: the pass
@@ -211,4 +263,22 @@ func TestStoreHoldIsQuarantinedOnce(t *testing.T) {
 	require.Equal(t, int64(1), l.Total, "counted once")
 	require.True(t, held.Equal(l.Until), "until %v, want %v", l.Until, held)
 	require.True(t, held.Equal(e.get(t, "a").QuarantineUntil))
+}
+
+// lockedBuffer is a log's buffer, safe for the goroutines that log.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }

@@ -65,6 +65,33 @@ func (s *SQL) Quarantine(ctx context.Context, id string, until, now time.Time) (
 	return k, err
 }
 
+// Lift ends the key's quarantine at once, and reports whether it had one:
+// an operator's word that the leases the lease store lost (or another
+// store granted) are no longer in use. A missing key is ErrNotFound.
+func (s *SQL) Lift(ctx context.Context, id string, now time.Time) (bool, error) {
+	lifted := false
+	err := s.write(ctx, fmt.Sprintf("lift the quarantine of key %q", id), func(tx txn, gen int64) error {
+		res, err := tx.ExecContext(ctx, `UPDATE catalog_keys SET quarantine_until = NULL, updated_at = ?, gen = ?
+		WHERE id = ? AND quarantine_until IS NOT NULL`, now.UnixMilli(), gen, id)
+		if err != nil {
+			return err
+		}
+		n, err := res.RowsAffected()
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			if _, err := getKey(ctx, tx, id, false); err != nil {
+				return err
+			}
+			return errUnchanged
+		}
+		lifted = true
+		return nil
+	})
+	return lifted, err
+}
+
 // Quarantined counts the keys held back at now and says until when the
 // last of them is.
 func (s *SQL) Quarantined(ctx context.Context, now time.Time) (int, time.Time, error) {
