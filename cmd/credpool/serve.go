@@ -110,6 +110,11 @@ func parseServe(args []string) (serveConfig, error) {
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}
+	if c.listen == "" {
+		// net.Listen would take it for every interface, on a random port:
+		// an unset variable in a unit file must not expose the service.
+		return c, errors.New("serve: --listen (CREDPOOL_LISTEN) is empty: want host:port, e.g. 127.0.0.1:8080, or :8080 for every interface")
+	}
 	if c.readTimeout <= 0 || c.reqTimeout <= 0 || c.idleTimeout <= 0 {
 		return c, errors.New("serve: --read-timeout, --request-timeout and --idle-timeout must be positive")
 	}

@@ -579,6 +579,19 @@ func TestServeRefusesMinReplicasWithoutRedis(t *testing.T) {
 	require.NoError(t, err)
 }
 
+// An empty listen address, as an unset variable in a unit file gives, is
+// refused: net.Listen would take it for every interface.
+func TestServeRefusesAnEmptyListenAddress(t *testing.T) {
+	unsetServeEnv(t)
+	_, err := parseServe([]string{"--listen", ""})
+	require.ErrorContains(t, err, "--listen (CREDPOOL_LISTEN) is empty")
+	t.Setenv("CREDPOOL_LISTEN", "")
+	_, err = parseServe(nil)
+	require.ErrorContains(t, err, "is empty")
+	_, err = parseServe([]string{"--listen", ":8080"})
+	require.NoError(t, err, "every interface, said so")
+}
+
 // A secret key that opens none of the catalog's secrets (valid, but not
 // the one that sealed them) stops the start with one line saying so and
 // how to fix it, quoting neither key nor secret; before, the service
