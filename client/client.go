@@ -137,7 +137,8 @@ func (c conn) do(ctx context.Context, method, path string, in, out any) error {
 	defer cancel()
 	// Whether a connection was asked for, and got: once one is, the
 	// request may reach the service however the call ends. A transport
-	// that does not trace asks for none, and is taken to have sent it.
+	// that does not trace asks for none, and is taken to have sent it,
+	// unless ctx ended (net/http then gives up before it asks).
 	var asked, connected atomic.Bool
 	rctx = httptrace.WithClientTrace(rctx, &httptrace.ClientTrace{
 		GetConn: func(string) { asked.Store(true) },
@@ -162,7 +163,7 @@ func (c conn) do(ctx context.Context, method, path string, in, out any) error {
 	}
 	sent := connected.Load() || !asked.Load()
 	switch {
-	case ctx.Err() != nil && sent:
+	case ctx.Err() != nil && connected.Load():
 		// The caller gave up: not the service's failure. Keep both causes.
 		return fmt.Errorf("%w: %s %s: %w", ErrOutcomeUnknown, method, path, errors.Join(err, ctx.Err()))
 	case ctx.Err() != nil:

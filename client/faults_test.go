@@ -271,7 +271,16 @@ func TestAdminWriteWithoutAnswer(t *testing.T) {
 	require.ErrorIs(t, err, context.Canceled)
 	require.NotErrorIs(t, err, client.ErrUnreachable, "the caller gave up: not the service's failure")
 
+	// A call whose ctx was over before it started sent nothing.
+	over, cancel := context.WithCancel(t.Context())
+	cancel()
+	_, err = adm.PutKey(over, "never-sent", spec)
+	require.ErrorIs(t, err, context.Canceled)
+	require.NotErrorIs(t, err, client.ErrOutcomeUnknown, "nothing was sent")
+
 	_, direct := clients(t, s, nil)
+	_, err = direct.Key(t.Context(), "never-sent")
+	require.ErrorIs(t, err, client.ErrKeyNotFound)
 	for _, id := range []string{"dropped", "abandoned"} {
 		k, err := direct.Key(t.Context(), id)
 		require.NoError(t, err, "the write of %s was applied", id)

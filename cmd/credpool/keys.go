@@ -17,6 +17,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"text/tabwriter"
 	"time"
@@ -84,15 +85,19 @@ type cli struct {
 	// http sends the admin requests; nil: the client's default.
 	http *http.Client
 	// interrupts are SIGINT and SIGTERM (see watch); nil: none come.
+	// unwatched, if set, gives them back their default action (the next
+	// one kills), once two have come.
 	interrupts <-chan os.Signal
+	unwatched  func()
 }
 
 // runAdmin runs "credpool keys …" or "credpool aliases …".
 func runAdmin(cmd string, args []string) error {
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
-	defer signal.Stop(sigs)
-	return cli{stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr, getenv: os.Getenv, interrupts: sigs}.run(cmd, args)
+	stop := sync.OnceFunc(func() { signal.Stop(sigs) })
+	defer stop()
+	return cli{stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr, getenv: os.Getenv, interrupts: sigs, unwatched: stop}.run(cmd, args)
 }
 
 // interrupted is the cause of a command's ctx that a signal ended.
@@ -118,7 +123,8 @@ func (e *interrupted) exitCode() int {
 // ctx, the second batches, each with an *interrupted cause. Every request
 // goes under ctx but an import's batches, under batches: one in flight at
 // the first interrupt is finished (it is written all or none), the second
-// abandons it.
+// abandons it. After the second, the signals get their default action
+// back (see cli.unwatched): a third kills the command if it is stuck.
 func (c cli) watch(parent context.Context) (ctx, batches context.Context, cancel context.CancelFunc) {
 	batches, abandon := context.WithCancelCause(parent)
 	ctx, stop := context.WithCancelCause(batches)
@@ -130,6 +136,10 @@ func (c cli) watch(parent context.Context) (ctx, batches context.Context, cancel
 			case <-batches.Done():
 				return
 			}
+		}
+		// Two asked it to stop: a third, if it is stuck, kills it.
+		if c.unwatched != nil {
+			c.unwatched()
 		}
 	}()
 	return ctx, batches, func() { abandon(nil) }
@@ -324,7 +334,10 @@ func (f *commonFlags) admin(getenv func(string) string, hc *http.Client) (*clien
 	if key == "" {
 		return nil, errors.New("no admin key: set CREDPOOL_ADMIN_KEY or --admin-key-file")
 	}
-	return client.NewAdmin(f.url, key, &client.Options{HTTPClient: hc})
+	// A request may take the whole command's time (a batch of 1,000 keys
+	// on a busy service): the client's own 15 s bound would cut it and
+	// leave its outcome unknown.
+	return client.NewAdmin(f.url, key, &client.Options{HTTPClient: hc, Timeout: f.timeout})
 }
 
 // output writes results as a table (text) or JSON.
@@ -461,11 +474,11 @@ func (c cli) readSecret(ctx context.Context, id, path string) (client.Secret, er
 	var err error
 	switch f, ok := c.stdin.(*os.File); {
 	case path != "" && path != "-":
-		raw, err = os.ReadFile(path)
+		raw, err = unlessDone(ctx, func() ([]byte, error) { return os.ReadFile(path) })
 	case ok && term.IsTerminal(int(f.Fd())):
 		raw, err = c.prompt(ctx, int(f.Fd()), id)
 	default:
-		raw, err = io.ReadAll(io.LimitReader(c.stdin, 64<<10))
+		raw, err = unlessDone(ctx, func() ([]byte, error) { return io.ReadAll(io.LimitReader(c.stdin, 64<<10)) })
 	}
 	if err != nil {
 		return "", fmt.Errorf("read the secret: %w", err)
@@ -477,6 +490,27 @@ func (c cli) readSecret(ctx context.Context, id, path string) (client.Secret, er
 	return client.Secret(secret), nil
 }
 
+// unlessDone returns what read reads, unless ctx ends first (an
+// interrupt while a pipe or FIFO has no writer): then ctx's error, and
+// read is left blocked until the process exits, which it then does.
+func unlessDone(ctx context.Context, read func() ([]byte, error)) ([]byte, error) {
+	type result struct {
+		raw []byte
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		raw, err := read()
+		done <- result{raw, err}
+	}()
+	select {
+	case r := <-done:
+		return r.raw, r.err
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
 // prompt asks for the secret of id on terminal fd and reads it without
 // echo. If ctx ends first (an interrupt) it puts the terminal back as it
 // found it, echo on, and returns ctx's error; the read is left blocked
@@ -484,6 +518,11 @@ func (c cli) readSecret(ctx context.Context, id, path string) (client.Secret, er
 func (c cli) prompt(ctx context.Context, fd int, id string) ([]byte, error) {
 	state, err := term.GetState(fd)
 	if err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		// Over already (--timeout, an early interrupt): a read started now
+		// could turn echo off after the restore below.
 		return nil, err
 	}
 	fmt.Fprintf(c.stderr, "secret of %s: ", id)
@@ -764,16 +803,16 @@ func (c cli) importKeys(ctx, batches context.Context, adm *client.Admin, out out
 	if format != "csv" && format != "jsonl" {
 		return errors.New("--format: want csv or jsonl")
 	}
-	in := c.stdin
-	if path != "-" {
-		file, err := os.Open(path)
-		if err != nil {
-			return err
+	raw, err := unlessDone(ctx, func() ([]byte, error) {
+		if path == "-" {
+			return io.ReadAll(c.stdin)
 		}
-		defer file.Close()
-		in = file
+		return os.ReadFile(path)
+	})
+	if err != nil {
+		return err
 	}
-	rows, problems, err := readRows(in, format)
+	rows, problems, err := readRows(bytes.NewReader(raw), format)
 	if err != nil {
 		return fmt.Errorf("%s: %w; nothing written", path, err)
 	}

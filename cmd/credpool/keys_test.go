@@ -585,3 +585,37 @@ func TestKeysImportInterrupted(t *testing.T) {
 		})
 	}
 }
+
+// An interrupt stops a command blocked reading its input (a FIFO or pipe
+// nobody writes to): put's secret file and import's rows alike, at once,
+// with nothing written.
+func TestKeysInterruptedWhileReadingInput(t *testing.T) {
+	a := startAdmin(t)
+	for name, args := range map[string][]string{
+		"put":    {"keys", "put", "k1", "--provider", "openai", "--models", "m", "--secret-file"},
+		"import": {"keys", "import", "--format", "csv"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			fifo := filepath.Join(t.TempDir(), "input")
+			require.NoError(t, syscall.Mkfifo(fifo, 0o600))
+			p := a.start(a.env["CREDPOOL_URL"], append(args, fifo)...)
+			// A writer's open succeeds once the command has opened the
+			// FIFO to read it; the writer then writes nothing.
+			var w *os.File
+			require.Eventually(t, func() bool {
+				fd, err := syscall.Open(fifo, syscall.O_WRONLY|syscall.O_NONBLOCK, 0)
+				if err != nil {
+					return false
+				}
+				w = os.NewFile(uintptr(fd), fifo)
+				return true
+			}, time.Minute, 10*time.Millisecond, "the command never opened its input")
+			defer w.Close()
+			require.NoError(t, p.cmd.Process.Signal(syscall.SIGINT))
+			rest, code := p.wait(t)
+			require.Equal(t, 130, code, rest)
+			require.Contains(t, rest, "interrupted (SIGINT)")
+			require.NotContains(t, a.keys(), "k1")
+		})
+	}
+}
