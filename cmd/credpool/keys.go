@@ -540,7 +540,10 @@ func (c cli) prompt(ctx context.Context, fd int, id string) ([]byte, error) {
 		fmt.Fprintln(c.stderr)
 		return r.raw, r.err
 	case <-ctx.Done():
-		err := term.Restore(fd, state)
+		// A secret half typed when a signal (not a typed Ctrl-C, which the
+		// terminal flushes itself) or --timeout ended the prompt would go
+		// to the shell next.
+		err := errors.Join(discardInput(fd), term.Restore(fd, state))
 		fmt.Fprintln(c.stderr)
 		return nil, errors.Join(ctx.Err(), err)
 	}

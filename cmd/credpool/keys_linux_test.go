@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"strings"
@@ -103,4 +104,46 @@ func TestKeysPutPromptInterrupted(t *testing.T) {
 	require.True(t, strings.HasPrefix(after, "\r\n"), "the prompt's line is ended: %q", after)
 	require.Contains(t, after, "credpool: interrupted (SIGINT)")
 	require.NotContains(t, a.keys(), "k1")
+}
+
+// A prompt ended by a signal other than a typed Ctrl-C (here SIGTERM, as
+// a supervisor or timeout sends) drops the secret half typed: left in the
+// terminal's input, the shell would read it next, echo it and perhaps keep
+// it in its history.
+func TestKeysPutPromptTerminatedDropsWhatWasTyped(t *testing.T) {
+	a := startAdmin(t)
+	master, slave := openPTY(t)
+	cmd := exec.Command(os.Args[0], "keys", "put", "k1", "--provider", "openai", "--models", "m")
+	cmd.Env = append(os.Environ(), "CREDPOOL_TEST_MAIN=1", "CREDPOOL_URL="+a.env["CREDPOOL_URL"], "CREDPOOL_ADMIN_KEY="+adminK)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = slave, slave, slave
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true}
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	// What it writes is read, so that it never blocks on a full terminal.
+	go func() { _, _ = io.Copy(io.Discard, master) }()
+	for echoing(t, slave) {
+		select {
+		case err := <-exited:
+			t.Fatalf("exited before its prompt: %v", err)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+
+	_, err := master.Write([]byte("sk-half-typ"))
+	require.NoError(t, err)
+	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	err = <-exited
+	var ee *exec.ExitError
+	require.ErrorAs(t, err, &ee)
+	require.Equal(t, 143, ee.ExitCode(), "%v", err)
+
+	// The next reader of the terminal (the shell) gets a line of its own.
+	_, err = master.Write([]byte("\n"))
+	require.NoError(t, err)
+	line := make([]byte, 64)
+	n, err := slave.Read(line)
+	require.NoError(t, err)
+	require.Equal(t, "\n", string(line[:n]), "what was typed at the prompt is gone")
 }
