@@ -38,6 +38,22 @@ func echoing(t *testing.T, f *os.File) bool {
 	return tio.Lflag&unix.ECHO != 0
 }
 
+// startPut runs "credpool keys put k1 …" against a's service on terminal
+// slave, in a session of its own whose controlling terminal it is (so
+// that Ctrl-C there signals it, as in a shell); exited gets Wait's result.
+func startPut(t *testing.T, a *adminCLI, slave *os.File) (cmd *exec.Cmd, exited <-chan error) {
+	t.Helper()
+	cmd = exec.Command(os.Args[0], "keys", "put", "k1", "--provider", "openai", "--models", "m")
+	cmd.Env = append(os.Environ(), "CREDPOOL_TEST_MAIN=1", "CREDPOOL_URL="+a.env["CREDPOOL_URL"], "CREDPOOL_ADMIN_KEY="+adminK)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = slave, slave, slave
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true}
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	return cmd, done
+}
+
 // Ctrl-C at put's secret prompt, typed on the command's controlling
 // terminal, puts the terminal back as it was (echo on), ends the prompt's
 // line, writes nothing and exits 130.
@@ -46,16 +62,7 @@ func TestKeysPutPromptInterrupted(t *testing.T) {
 	master, slave := openPTY(t)
 	require.True(t, echoing(t, slave), "a new terminal echoes")
 
-	cmd := exec.Command(os.Args[0], "keys", "put", "k1", "--provider", "openai", "--models", "m")
-	cmd.Env = append(os.Environ(), "CREDPOOL_TEST_MAIN=1", "CREDPOOL_URL="+a.env["CREDPOOL_URL"], "CREDPOOL_ADMIN_KEY="+adminK)
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = slave, slave, slave
-	// Its own session, the terminal its controlling one: Ctrl-C there
-	// signals it, as in a shell.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true}
-	require.NoError(t, cmd.Start())
-	t.Cleanup(func() { _ = cmd.Process.Kill() })
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
+	_, exited := startPut(t, a, slave)
 
 	var out bytes.Buffer
 	read := make(chan error, 1)
@@ -113,14 +120,7 @@ func TestKeysPutPromptInterrupted(t *testing.T) {
 func TestKeysPutPromptTerminatedDropsWhatWasTyped(t *testing.T) {
 	a := startAdmin(t)
 	master, slave := openPTY(t)
-	cmd := exec.Command(os.Args[0], "keys", "put", "k1", "--provider", "openai", "--models", "m")
-	cmd.Env = append(os.Environ(), "CREDPOOL_TEST_MAIN=1", "CREDPOOL_URL="+a.env["CREDPOOL_URL"], "CREDPOOL_ADMIN_KEY="+adminK)
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = slave, slave, slave
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true}
-	require.NoError(t, cmd.Start())
-	t.Cleanup(func() { _ = cmd.Process.Kill() })
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
+	cmd, exited := startPut(t, a, slave)
 	// What it writes is read, so that it never blocks on a full terminal.
 	go func() { _, _ = io.Copy(io.Discard, master) }()
 	for echoing(t, slave) {

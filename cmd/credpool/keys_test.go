@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -611,11 +612,46 @@ func TestKeysInterruptedWhileReadingInput(t *testing.T) {
 				return true
 			}, time.Minute, 10*time.Millisecond, "the command never opened its input")
 			defer w.Close()
+			// One that does not stop is killed: it then fails, not hangs.
+			stuck := time.AfterFunc(time.Minute, func() { _ = p.cmd.Process.Kill() })
+			defer stuck.Stop()
 			require.NoError(t, p.cmd.Process.Signal(syscall.SIGINT))
 			rest, code := p.wait(t)
 			require.Equal(t, 130, code, rest)
 			require.Contains(t, rest, "interrupted (SIGINT)")
 			require.NotContains(t, a.keys(), "k1")
 		})
+	}
+}
+
+// The first interrupt ends a command's ctx, the second its batches, and
+// after the second the signals get their default action back, so that a
+// third kills a command stuck where it does not watch ctx.
+func TestWatchGivesSignalsBackAfterTwo(t *testing.T) {
+	sigs := make(chan os.Signal, 3)
+	given := make(chan struct{})
+	c := cli{interrupts: sigs, unwatched: func() { close(given) }}
+	ctx, batches, cancel := c.watch(context.Background())
+	defer cancel()
+
+	sigs <- syscall.SIGINT
+	<-ctx.Done()
+	var cause *interrupted
+	require.ErrorAs(t, context.Cause(ctx), &cause)
+	require.NoError(t, batches.Err(), "the batch in flight goes on")
+	select {
+	case <-given:
+		t.Fatal("signals given back after one")
+	default:
+	}
+
+	sigs <- syscall.SIGTERM
+	<-batches.Done()
+	require.ErrorAs(t, context.Cause(batches), &cause)
+	require.Equal(t, syscall.SIGTERM, cause.sig)
+	select {
+	case <-given:
+	case <-time.After(time.Minute):
+		t.Fatal("signals not given back after two")
 	}
 }

@@ -316,6 +316,17 @@ func (s *SQL) checkKey(ctx context.Context, tx txn) error {
 	if s.sealer == nil {
 		return nil
 	}
+	// Usually a secret under one of its keys comes first: no full read.
+	for tag := range s.sealer.keys {
+		var one int
+		err := tx.QueryRowContext(ctx, `SELECT 1 FROM catalog_keys WHERE secret LIKE ? LIMIT 1`, sealedPrefix+tag+":%").Scan(&one)
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, sql.ErrNoRows) {
+			return err
+		}
+	}
 	all, err := secrets(ctx, tx)
 	if err != nil {
 		return err
