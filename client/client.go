@@ -34,9 +34,9 @@ type Options struct {
 	// default: 15s
 	Timeout time.Duration
 	// Retry, if set, makes Allocate (and so Hold) retry pool_exhausted,
-	// contended and request_in_flight answers, and those that may hide a
-	// granted slot (no answer, a 503 timeout or store_unavailable), with
-	// one request id.
+	// contended, request_in_flight and shutting_down answers, and those
+	// that may hide a granted slot (no answer, a 503 timeout or
+	// store_unavailable), with one request id.
 	//
 	// default: nil, no retry
 	Retry *Retry

@@ -49,6 +49,11 @@ var (
 	// ErrTimeout (503 timeout): the request ran out of the service's
 	// deadline. Retry.
 	ErrTimeout = errors.New("client: service timed out")
+	// ErrShuttingDown (503 shutting_down): the allocate waited for a slot
+	// (Wait) and the instance began to shut down before one freed up; it
+	// holds no slot. Retry, which reaches another instance behind a load
+	// balancer.
+	ErrShuttingDown = errors.New("client: service shutting down")
 	// ErrInvalidRequest (400 invalid_request, 413 body_too_large): fix the
 	// request; the *Error's Field names the field at fault.
 	ErrInvalidRequest = errors.New("client: invalid request")
@@ -91,6 +96,7 @@ var codes = map[string]error{
 	"store_unavailable":   ErrStoreUnavailable,
 	"catalog_unavailable": ErrCatalogUnavailable,
 	"timeout":             ErrTimeout,
+	"shutting_down":       ErrShuttingDown,
 	"invalid_request":     ErrInvalidRequest,
 	"body_too_large":      ErrInvalidRequest,
 	"unauthorized":        ErrUnauthorized,

@@ -113,10 +113,11 @@ func newRequestID() string { return rand.Text() }
 // Allocate leases a key. Errors: ErrPoolExhausted (with the *Error's
 // RetryAfter), ErrContended, ErrNoCandidates, ErrPolicyConflict,
 // ErrRequestInFlight, ErrRequestIDReused, ErrStoreUnavailable,
-// ErrCatalogUnavailable, ErrTimeout, ErrInvalidRequest, ErrUnauthorized,
-// ErrUnreachable, or ctx's error. With Options.Retry the first three
-// kinds, ErrUnreachable, ErrTimeout and ErrStoreUnavailable are retried
-// (see Retry) with the same request id, so however many tries it takes
+// ErrCatalogUnavailable, ErrTimeout, ErrShuttingDown, ErrInvalidRequest,
+// ErrUnauthorized, ErrUnreachable, or ctx's error. With Options.Retry,
+// ErrPoolExhausted with a RetryAfter, ErrContended, ErrRequestInFlight,
+// ErrShuttingDown, ErrUnreachable, ErrTimeout and ErrStoreUnavailable are
+// retried (see Retry) with the same request id, so however many tries it takes
 // the call holds at most one slot, and a lease whose answer was lost is
 // the one a retry returns. On error no lease is held, except one whose
 // answer was lost and not recovered by a retry: it expires by itself.

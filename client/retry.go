@@ -9,7 +9,8 @@ import (
 
 // Retry makes Allocate retry the answers that say "try again soon":
 // pool_exhausted with a Retry-After (without one nothing frees up by
-// itself, so it is returned at once), contended and request_in_flight;
+// itself, so it is returned at once), contended, request_in_flight and
+// shutting_down (a wait the instance's shutdown ended: another may serve);
 // and those after which the service may have granted a slot the caller
 // never heard of: no answer (ErrUnreachable), 503 timeout and
 // store_unavailable. Every try of one call sends the same request id, so
@@ -52,7 +53,7 @@ func retryable(err error) (time.Duration, bool) {
 	switch {
 	case errors.Is(e, ErrPoolExhausted):
 		return e.RetryAfter, e.RetryAfter > 0
-	case errors.Is(e, ErrContended), errors.Is(e, ErrRequestInFlight),
+	case errors.Is(e, ErrContended), errors.Is(e, ErrRequestInFlight), errors.Is(e, ErrShuttingDown),
 		errors.Is(e, ErrTimeout), errors.Is(e, ErrStoreUnavailable),
 		errors.Is(e, ErrUnreachable): // a proxy's 502, 503, 504
 		return e.RetryAfter, true

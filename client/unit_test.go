@@ -27,6 +27,8 @@ func TestRetryable(t *testing.T) {
 		{&Error{StatusCode: 429, Code: "contended", RetryAfter: time.Second}, time.Second, true},
 		{fmt.Errorf("wrapped: %w", &Error{StatusCode: 409, Code: "request_in_flight"}), 0, true},
 		{&Error{StatusCode: 409, Code: "policy_conflict"}, 0, false},
+		// Another instance behind the same address may serve it.
+		{&Error{StatusCode: 503, Code: "shutting_down", RetryAfter: time.Second}, time.Second, true},
 		// Each may hide a granted slot, which a retry with the same
 		// request id returns.
 		{&Error{StatusCode: 503, Code: "store_unavailable"}, 0, true},

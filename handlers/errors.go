@@ -39,6 +39,8 @@ var errorCodes = []struct {
 }{
 	{context.Canceled, 499, "client_closed_request"},
 	{context.DeadlineExceeded, http.StatusServiceUnavailable, "timeout"},
+	// Not "full": this instance stops; another may have a slot.
+	{broker.ErrShuttingDown, http.StatusServiceUnavailable, "shutting_down"},
 	{optimistic.ErrInvalid, http.StatusBadRequest, "invalid_request"},
 	{broker.ErrCatalog, http.StatusServiceUnavailable, "catalog_unavailable"},
 	{broker.ErrNoCandidates, http.StatusNotFound, "no_candidates"},
@@ -79,13 +81,15 @@ var serverFault = map[string]string{
 	"store_unavailable":   "the lease store is unavailable; retry later",
 	"catalog_unavailable": "the key catalog is unavailable; retry later",
 	"timeout":             "the request ran out of time; retry",
+	"shutting_down":       "this instance is shutting down and waits for no slot; retry on another",
 	"internal":            "internal error",
 }
 
 // failErr writes err as its mapped status. A 429 carries Retry-After when
 // the wait is known: the seconds until the earliest lease expiry or
-// cooldown end, or 1 after contention. Server faults answer a fixed
-// message and leave the error for the request log.
+// cooldown end, or 1 after contention; shutting_down carries 1 (another
+// instance may answer at once). Server faults answer a fixed message and
+// leave the error for the request log.
 func failErr(c *gin.Context, err error) {
 	status, code := statusFor(err)
 	msg := err.Error()
@@ -93,7 +97,7 @@ func failErr(c *gin.Context, err error) {
 		c.Set(logError, msg)
 		msg = fixed
 	}
-	if status == http.StatusTooManyRequests {
+	if status == http.StatusTooManyRequests || code == "shutting_down" {
 		if s, ok := retryAfter(err, time.Now()); ok {
 			c.Header("Retry-After", strconv.Itoa(s))
 		}

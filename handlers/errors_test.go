@@ -40,6 +40,8 @@ func TestStatusFor(t *testing.T) {
 		{errors.Join(storeDown, context.Canceled), 499, "client_closed_request"},
 		{errors.Join(errors.New("x"), context.DeadlineExceeded), http.StatusServiceUnavailable, "timeout"},
 		{errors.New("boom"), http.StatusInternalServerError, "internal"},
+		// A wait cut short by the shutdown is neither "full" nor "store down".
+		{fmt.Errorf("waiting: %w", broker.ErrShuttingDown), http.StatusServiceUnavailable, "shutting_down"},
 	} {
 		status, code := statusFor(c.err)
 		require.Equal(t, c.status, status, "%v", c.err)

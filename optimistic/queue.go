@@ -67,6 +67,10 @@ type Place struct {
 	unused func(keyID string)
 	left   bool
 	waited time.Duration
+	// ended is closed by End, which sets cause first (once: endOnce).
+	ended   chan struct{}
+	cause   error
+	endOnce sync.Once
 }
 
 // A handoff is a waiting caller's request that a release on one of its
@@ -101,7 +105,7 @@ func (q *Queue) Join(keyIDs []string) *Place {
 	if q.lines == nil {
 		q.lines = make(map[string][]*Place)
 	}
-	p := &Place{q: q, keys: distinct(keyIDs), wake: make(chan string, 1), joined: time.Now()}
+	p := &Place{q: q, keys: distinct(keyIDs), wake: make(chan string, 1), joined: time.Now(), ended: make(chan struct{})}
 	for _, id := range p.keys {
 		q.lines[id] = append(q.lines[id], p)
 	}
@@ -231,11 +235,14 @@ func (p *Place) Behind() bool {
 }
 
 // Wait blocks until p is woken (a slot freed on one of its keys), until
-// passes, or ctx ends; only the last is an error, ctx's own. After Offer,
-// a release may have handed p a slot meanwhile: Handed has it, and the
-// caller holds it.
+// passes, p is ended (End), or ctx ends; only the last two are errors,
+// ctx's own, or End's cause. After Offer, a release may have handed p a
+// slot meanwhile: Handed has it, and the caller holds it.
 func (p *Place) Wait(ctx context.Context, until time.Time) error {
 	_, err := p.wait(ctx, until)
+	if err == nil {
+		err = p.endedBy()
+	}
 	return err
 }
 
@@ -263,6 +270,7 @@ func (p *Place) wait(ctx context.Context, until time.Time) (woken bool, err erro
 		woken = true
 	case <-handed:
 	case <-t.C:
+	case <-p.ended:
 	case <-ctx.Done():
 		err = ctx.Err()
 	}
@@ -321,6 +329,29 @@ func (p *Place) Handed() (Lease, bool) {
 		return Lease{}, false
 	}
 	return *h, true
+}
+
+// End ends p's wait for good, from any goroutine: Retry returns an error
+// wrapping cause instead of waiting again, at once if it waits, else once
+// its try in progress answers "not now". What that try grants, and a slot
+// a release already claimed p's handoff for (see Offer), are still the
+// caller's, so ending takes nothing from the store and loses no slot.
+// Only the first call's cause counts.
+func (p *Place) End(cause error) {
+	p.endOnce.Do(func() {
+		p.cause = cause
+		close(p.ended)
+	})
+}
+
+// endedBy returns End's cause, or nil if p was not ended.
+func (p *Place) endedBy() error {
+	select {
+	case <-p.ended:
+		return p.cause
+	default:
+		return nil
+	}
 }
 
 // Waited returns the time p spent in Wait.
@@ -396,7 +427,10 @@ func (p *Place) Leave() {
 // try's time gets the answer, not its own deadline. A caller behind others in
 // line waits for its turn before its first try, and tries once even if
 // until passed meanwhile. If ctx ends while it waits, it returns ctx's
-// error, having taken nothing but a slot handed over meanwhile.
+// error, having taken nothing but a slot handed over meanwhile. Once p
+// is ended (End) it waits no more: it returns End's cause, having taken
+// nothing, or nil for a slot handed over meanwhile; a try in progress is
+// not cut short.
 func (p *Place) Retry(ctx context.Context, until time.Time, try func(context.Context) error) error {
 	var (
 		full *CapacityError
@@ -411,6 +445,9 @@ func (p *Place) Retry(ctx context.Context, until time.Time, try func(context.Con
 			}
 			if p.handed != nil {
 				return nil
+			}
+			if cause := p.endedBy(); cause != nil {
+				return fmt.Errorf("optimistic: waiting for a free slot: %w", cause)
 			}
 			ended := !time.Now().Before(until)
 			if last != nil && ended {

@@ -2,6 +2,7 @@ package optimistic
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -208,6 +209,95 @@ func TestPlaceRetry(t *testing.T) {
 		require.False(t, triedAt.Before(until), "tried before its turn: nobody woke it and the wait had not ended")
 		require.Positive(t, p.Waited())
 	})
+}
+
+// End stops a caller's wait at once, never cuts its try short, and
+// leaves it a slot a release was already handing it.
+func TestPlaceEnd(t *testing.T) {
+	var q Queue
+	ctx := t.Context()
+	stopping := errors.New("stopping")
+	retry := func(p *Place, try func(context.Context) error) <-chan error {
+		done := make(chan error, 1)
+		go func() { done <- p.Retry(ctx, time.Now().Add(time.Minute), try) }()
+		return done
+	}
+	answer := func(t *testing.T, done <-chan error) error {
+		t.Helper()
+		select {
+		case err := <-done:
+			return err
+		case <-time.After(10 * time.Second):
+			t.Fatal("Retry still waits after End: it would wait its whole minute")
+			return nil
+		}
+	}
+	t.Run("while waiting", func(t *testing.T) {
+		p := q.Join([]string{"k"})
+		defer p.Leave()
+		tried := make(chan struct{}, 10)
+		done := retry(p, func(context.Context) error {
+			tried <- struct{}{}
+			return &CapacityError{}
+		})
+		<-tried
+		waitParked(t, p)
+		p.End(stopping)
+		p.End(errors.New("a second cause is dropped"))
+		err := answer(t, done)
+		require.ErrorIs(t, err, stopping)
+		require.NotErrorIs(t, err, ErrNoCapacity)
+		require.Len(t, tried, 0, "no try after End")
+		require.ErrorIs(t, p.Wait(ctx, time.Now().Add(time.Minute)), stopping, "no wait after End")
+	})
+	t.Run("during a try", func(t *testing.T) {
+		p := q.Join([]string{"k"})
+		defer p.Leave()
+		err := answer(t, retry(p, func(context.Context) error {
+			p.End(stopping)
+			return &CapacityError{}
+		}))
+		require.ErrorIs(t, err, stopping, "the try found no slot: no wait after it")
+		p = q.Join([]string{"k"})
+		defer p.Leave()
+		err = answer(t, retry(p, func(context.Context) error {
+			p.End(stopping)
+			return nil
+		}))
+		require.NoError(t, err, "the try granted: the grant stands")
+	})
+	t.Run("a slot being handed over", func(t *testing.T) {
+		p := q.Join([]string{"k"})
+		defer p.Leave()
+		p.Offer("openai", "default", time.Minute)
+		tried := make(chan struct{}, 10)
+		done := retry(p, func(context.Context) error {
+			tried <- struct{}{}
+			return &CapacityError{}
+		})
+		<-tried
+		var h *handoff
+		require.Eventually(t, func() bool {
+			h = q.claim("k", "openai", "default")
+			return h != nil
+		}, 10*time.Second, time.Millisecond, "p never parked")
+		p.End(stopping)
+		h.settle(Lease{LeaseRef: LeaseRef{KeyID: "k", LeaseID: "l"}}, true)
+		require.NoError(t, answer(t, done), "the slot was p's before End")
+		lease, ok := p.Handed()
+		require.True(t, ok)
+		require.Equal(t, "l", lease.LeaseID)
+	})
+}
+
+// waitParked waits until p waits in Wait.
+func waitParked(t *testing.T, p *Place) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		p.q.mu.Lock()
+		defer p.q.mu.Unlock()
+		return p.parked
+	}, 10*time.Second, time.Millisecond, "p never waited")
 }
 
 // park marks p as waiting in Wait, as if it had found its keys full.

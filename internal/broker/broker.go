@@ -38,6 +38,10 @@ var (
 	ErrPolicy = errors.New("broker: request conflicts with policy")
 	// ErrCatalog wraps a failure of the catalog database.
 	ErrCatalog = errors.New("broker: catalog unavailable")
+	// ErrShuttingDown means a request that waits for a slot (Request.Wait)
+	// found none before the service began to shut down (StopWaiting). It
+	// holds no slot; another instance may have one.
+	ErrShuttingDown = errors.New("broker: shutting down: no more waiting for a slot here")
 )
 
 // Catalog is what the broker needs from the key catalog.
@@ -184,6 +188,7 @@ type Broker struct {
 	inspect  int
 	live     *live
 	backlog  *backlog
+	waits    waits
 	// unopenedKeys holds, by key id, until when a key whose secret did not
 	// open here is ranked last (see confirm).
 	unopenedKeys sync.Map // key id → time.Time
@@ -273,7 +278,8 @@ type Grant struct {
 // the model but none has a slot now; FreeAt is the earliest lease expiry or
 // cooldown end), optimistic.ErrContended, requestlog.ErrInFlight or
 // requestlog.ErrReused (request ids), optimistic.ErrStore, ErrCatalog,
-// optimistic.ErrInvalid, or ctx's error.
+// optimistic.ErrInvalid, ErrShuttingDown (a wait that StopWaiting ended),
+// or ctx's error.
 // On error no lease is held, except one whose grant reply the store lost
 // (see optimistic.Store.Allocate): it expires by itself.
 func (b *Broker) Allocate(ctx context.Context, req Request) (Grant, error) {
@@ -467,6 +473,8 @@ func (b *Broker) allocate(ctx context.Context, req Request, model string) (Grant
 		return Grant{}, err
 	}
 	defer p.Leave()
+	b.waits.add(p)
+	defer b.waits.remove(p)
 	// A release in this process may hand the request a slot of its own
 	// pool: confirmed against the catalog as a grant of the store is.
 	p.Offer(req.Provider, req.Pool, req.TTL)

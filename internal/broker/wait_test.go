@@ -102,6 +102,35 @@ func TestAllocateWaits(t *testing.T) {
 		require.Zero(t, e.live(t, "d"))
 	})
 
+	t.Run("StopWaiting ends the wait at once and takes nothing", func(t *testing.T) {
+		e := newEnv(t, key("d", "default", 1))
+		b := e.plain()
+		held := allocate(t, b, req("default"))
+		done := allocateLater(t, e, b, waitingReq("default", time.Minute))
+		b.StopWaiting()
+		var r allocResult
+		select {
+		case r = <-done:
+		case <-time.After(10 * time.Second):
+			t.Fatal("still waiting after StopWaiting: it would wait its whole minute")
+		}
+		require.ErrorIs(t, r.err, broker.ErrShuttingDown)
+		require.NotErrorIs(t, r.err, optimistic.ErrNoCapacity, "not full: this instance stops waiting")
+		require.Zero(t, e.store.Waiting())
+		require.Equal(t, 1, e.live(t, "d"), "the holder's slot alone")
+
+		_, err := b.Allocate(t.Context(), waitingReq("default", time.Minute))
+		require.ErrorIs(t, err, broker.ErrShuttingDown, "a wait asked for after StopWaiting does not start")
+		require.NoError(t, b.Release(t.Context(), held.LeaseRef))
+		require.Zero(t, e.live(t, "d"))
+		g, err := b.Allocate(t.Context(), waitingReq("default", time.Minute))
+		require.NoError(t, err, "a free slot is still granted")
+		require.Equal(t, "d", g.KeyID)
+		require.NoError(t, b.Release(t.Context(), g.LeaseRef))
+		g = allocate(t, b, req("default"))
+		require.Equal(t, "d", g.KeyID, "requests that do not wait are served as before")
+	})
+
 	t.Run("negative wait is invalid", func(t *testing.T) {
 		e := newEnv(t, key("d", "default", 1))
 		_, err := e.plain().Allocate(t.Context(), waitingReq("default", -time.Second))

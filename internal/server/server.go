@@ -239,6 +239,12 @@ func (s *Server) Close(ctx context.Context) {
 	})
 }
 
+// StopWaiting ends the waits of allocate requests for a slot, as the
+// service begins to shut down (see broker.Broker.StopWaiting): each is
+// answered 503 shutting_down, holding no slot, unless it was granted
+// first. Other requests are left to finish.
+func (s *Server) StopWaiting() { s.broker.StopWaiting() }
+
 // Backlog reports the releases that met a store failure and wait for it.
 func (s *Server) Backlog() broker.Backlog { return s.broker.Backlog() }
 
