@@ -110,6 +110,14 @@ func (e *interrupted) Error() string {
 	return "interrupted (SIGINT)"
 }
 
+// name is the signal's name: SIGTERM or SIGINT.
+func (e *interrupted) name() string {
+	if e.sig == syscall.SIGTERM {
+		return "SIGTERM"
+	}
+	return "SIGINT"
+}
+
 // exitCode is the status a shell gives a command that sig killed: 128
 // and its number (130 for SIGINT, 143 for SIGTERM).
 func (e *interrupted) exitCode() int {

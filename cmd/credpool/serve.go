@@ -15,6 +15,7 @@ import (
 	"os/signal"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -174,6 +175,29 @@ func serve(args []string) error {
 	// go-redis logs every failed dial of its own (many a second while a
 	// node is down); the service logs a node going down once instead.
 	redis.SetLogger(redisLog{log})
+	ctx, unwatch := watchSignals()
+	defer unwatch()
+	if err := run(ctx, cfg, log, logs.Dropped); err != nil {
+		return err
+	}
+	// Drained, the last releases tried, the stores closed: what a
+	// supervisor waits for to know the stop was clean.
+	log.Info("credpool stopped", "signal", signalName(ctx))
+	return nil
+}
+
+// run starts the service and serves until ctx ends, then drains it. A
+// signal (ctx's *interrupted cause) stops it cleanly, with nil, while it
+// starts too: a step that failed meanwhile failed of the signal (a store
+// dial or a migration cut short) or no longer matters.
+func run(ctx context.Context, cfg serveConfig, log *slog.Logger, logDropped func() int64) error {
+	startFailed := func(err error) error {
+		if name := signalName(ctx); name != "" {
+			log.Info("stopped while starting: not serving", "signal", name)
+			return nil
+		}
+		return err
+	}
 	if err := ensureKeys(&cfg); err != nil {
 		return err
 	}
@@ -185,17 +209,13 @@ func serve(args []string) error {
 	if err != nil {
 		return err
 	}
-
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
-
 	sealer, err := secretSealer(cfg)
 	if err != nil {
 		return err
 	}
 	sqliteDB, pgDB, err := openCatalogDB(ctx, cfg.db)
 	if err != nil {
-		return err
+		return startFailed(err)
 	}
 	defer func() {
 		if sqliteDB != nil {
@@ -210,7 +230,7 @@ func serve(args []string) error {
 		InternalKey: cfg.internalKey, AdminKey: cfg.adminKey, Inspect: inspect(cfg.inspect),
 		LiveMaxAge: liveMaxAge(cfg.liveMaxAge),
 		Weights:    &weights, Pools: pools, MaxLease: cfg.maxLease, RequestTimeout: cfg.reqTimeout,
-		Logger: log, LogDropped: logs.Dropped,
+		Logger: log, LogDropped: logDropped,
 	})
 	if errors.Is(err, catalog.ErrWrongKey) && cfg.dev && os.Getenv("CREDPOOL_SECRET_KEY") == "" {
 		return fmt.Errorf("%w: the key is --dev's %s: put back the file that sealed them, or set CREDPOOL_SECRET_KEY to their key", err, cfg.db+".key")
@@ -219,7 +239,7 @@ func serve(args []string) error {
 		return fmt.Errorf("%w: set CREDPOOL_SECRET_KEY to the key that sealed them, the same on every instance sharing the catalog (while rotating, that key may be in CREDPOOL_SECRET_KEYS_OLD)", err)
 	}
 	if err != nil {
-		return err
+		return startFailed(err)
 	}
 	defer func() {
 		// Releases that met a store failure get one last try, with time of
@@ -234,11 +254,15 @@ func serve(args []string) error {
 	if cfg.demo {
 		n, err := seedDemo(ctx, app.Catalog, app.Admin)
 		if err != nil {
-			return err
+			return startFailed(err)
 		}
 		if n > 0 {
 			log.Info("demo pool seeded", "keys", n, "alias", "openai/gpt-4o")
 		}
+	}
+	if ctx.Err() != nil {
+		// A signal that came during a step that does not watch ctx.
+		return startFailed(ctx.Err())
 	}
 	ln, err := net.Listen("tcp", cfg.listen)
 	if err != nil {
@@ -253,16 +277,51 @@ func serve(args []string) error {
 		return err
 	case <-ctx.Done():
 	}
-	// A second signal stops the process at once.
-	stop()
 	drain := drainFor(cfg.reqTimeout)
-	log.Info("shutting down: draining requests", "within", drain.String())
+	log.Info("shutting down: draining requests", "within", drain.String(), "signal", signalName(ctx))
+	// Requests waiting for a slot are answered now (503 shutting_down),
+	// not when their waits run out: their callers go to another instance
+	// at once, and the drain does not last as long as the longest wait.
+	app.StopWaiting()
 	shutdown, cancel := context.WithTimeout(context.Background(), drain)
 	defer cancel()
 	if err := srv.Shutdown(shutdown); err != nil {
 		return fmt.Errorf("requests still running after %s were cut: %w", drain, err)
 	}
 	return nil
+}
+
+// watchSignals returns a ctx that the first SIGINT or SIGTERM ends, with
+// an *interrupted cause; the signals then get their default action back,
+// so that a second one stops the process at once. unwatch stops watching.
+func watchSignals() (ctx context.Context, unwatch func()) {
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	ctx, cancel := context.WithCancelCause(context.Background())
+	done := make(chan struct{})
+	go func() {
+		select {
+		case sig := <-sigs:
+			signal.Stop(sigs)
+			cancel(&interrupted{sig})
+		case <-done:
+		}
+	}()
+	return ctx, sync.OnceFunc(func() {
+		signal.Stop(sigs)
+		close(done)
+		cancel(nil)
+	})
+}
+
+// signalName names the signal that ended ctx (see watchSignals), or is
+// "" if none did.
+func signalName(ctx context.Context) string {
+	var sig *interrupted
+	if errors.As(context.Cause(ctx), &sig) {
+		return sig.name()
+	}
+	return ""
 }
 
 // At shutdown, drainTimeout bounds waiting for requests in flight (or

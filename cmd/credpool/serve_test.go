@@ -277,37 +277,182 @@ func TestServeOutlivesItsLogReader(t *testing.T) {
 }
 
 // A second signal stops the service at once, while the first one's drain
-// waits for a request in flight (one waiting for a slot).
+// waits for a request in flight (one whose body is still coming: a wait
+// for a slot would be answered at once).
 func TestServeSecondSignalStopsAtOnce(t *testing.T) {
 	env := []string{"CREDPOOL_INTERNAL_KEY=" + internalK, "CREDPOOL_ADMIN_KEY=" + adminK, "CREDPOOL_SECRET_KEY=" + secretK}
-	p := startServe(t, env, "--db", filepath.Join(t.TempDir(), "c.db"), "--request-timeout", "60s")
-	code, out := p.post(t, http.MethodPut, "/api/admin/keys/solo-1", "X-Admin-Key", adminK,
-		`{"provider":"solo","pool":"default","models":["m"],"secret":"s3cret","max_concurrent_uses":1}`)
-	require.Equal(t, http.StatusOK, code, "%v", out)
-	code, out = p.allocate(t, `{"provider":"solo","model":"m"}`)
-	require.Equal(t, http.StatusOK, code, "%v", out)
-	go func() {
-		// Waits up to 30 s: the drain would wait as long.
-		req, err := http.NewRequest(http.MethodPost, "http://"+p.addr+"/api/internal/allocate-key",
-			strings.NewReader(`{"provider":"solo","model":"m","wait_ms":30000}`))
-		if err != nil {
-			return
-		}
-		req.Header.Set("X-Internal-Key", internalK)
-		resp, err := http.DefaultClient.Do(req)
-		if err == nil {
-			_ = resp.Body.Close()
-		}
-	}()
+	p := startServe(t, env, "--db", filepath.Join(t.TempDir(), "c.db"), "--read-timeout", "60s", "--request-timeout", "60s")
+	slow, err := net.Dial("tcp", p.addr)
+	require.NoError(t, err)
+	defer slow.Close()
+	// Its body's last 99 bytes may take the read timeout's 60 s: the
+	// drain would wait as long.
+	_, err = fmt.Fprintf(slow, "POST /api/internal/allocate-key HTTP/1.1\r\nHost: x\r\nX-Internal-Key: %s\r\nContent-Length: 100\r\n\r\n{", internalK)
+	require.NoError(t, err)
 	time.Sleep(500 * time.Millisecond)
 	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
 	time.Sleep(500 * time.Millisecond)
 	require.NoError(t, p.cmd.Process.Signal(syscall.SIGINT))
-	// Well before the first signal's drain could end: the waiting
-	// request's 30 s.
-	err := p.exit(t, 10*time.Second)
+	// Well before the first signal's drain could end.
+	err = p.exit(t, 10*time.Second)
 	var ee *exec.ExitError
 	require.ErrorAs(t, err, &ee, "stopped by the second signal")
+}
+
+// A SIGTERM answers the allocates waiting for a slot at once, 503
+// shutting_down with a short Retry-After, not when their waits run out
+// (30 s here, which the drain would wait for): the service then exits 0,
+// its last log line saying it stopped, and the held lease is still the
+// one lease on the key.
+func TestServeStopEndsWaitsAtOnce(t *testing.T) {
+	env := []string{"CREDPOOL_INTERNAL_KEY=" + internalK, "CREDPOOL_ADMIN_KEY=" + adminK, "CREDPOOL_SECRET_KEY=" + secretK}
+	for _, store := range []string{"sqlite", "redis"} {
+		t.Run(store, func(t *testing.T) {
+			args := []string{"--db", filepath.Join(t.TempDir(), "c.db"), "--request-timeout", "60s"}
+			if store == "redis" {
+				args = append(args, "--redis", "redis://"+redistest.Start(t).Addr)
+			}
+			p, stderr := startServeHeld(t, env, args...)
+			logged := readLines(stderr)
+			require.Equal(t, store, p.store)
+			code, out := p.post(t, http.MethodPut, "/api/admin/keys/solo-1", "X-Admin-Key", adminK,
+				`{"provider":"solo","pool":"default","models":["m"],"secret":"s3cret-0123456789","max_concurrent_uses":1}`)
+			require.Equal(t, http.StatusOK, code, "%v", out)
+			code, held := p.allocate(t, `{"provider":"solo","model":"m","lease_seconds":300}`)
+			require.Equal(t, http.StatusOK, code, "%v", held)
+
+			type answer struct {
+				status     int
+				code       string
+				retryAfter string
+				err        error
+			}
+			answered := make(chan answer, 1)
+			go func() {
+				req, err := http.NewRequest(http.MethodPost, "http://"+p.addr+"/api/internal/allocate-key",
+					strings.NewReader(`{"provider":"solo","model":"m","wait_ms":30000}`))
+				if err != nil {
+					answered <- answer{err: err}
+					return
+				}
+				req.Header.Set("X-Internal-Key", internalK)
+				resp, err := (&http.Client{Timeout: time.Minute}).Do(req)
+				if err != nil {
+					answered <- answer{err: err}
+					return
+				}
+				defer resp.Body.Close()
+				var body struct {
+					Error struct{ Code string } `json:"error"`
+				}
+				err = json.NewDecoder(resp.Body).Decode(&body)
+				answered <- answer{resp.StatusCode, body.Error.Code, resp.Header.Get("Retry-After"), err}
+			}()
+			require.Eventually(t, func() bool { return p.metric(t, "credpool_allocate_waiting") == 1 },
+				20*time.Second, 10*time.Millisecond, "the allocate never waited")
+
+			require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
+			var a answer
+			select {
+			case a = <-answered:
+			case <-time.After(20 * time.Second):
+				t.Fatal("the waiting allocate is still waiting after SIGTERM: it runs out its 30 s wait")
+			}
+			require.NoError(t, a.err)
+			require.Equal(t, http.StatusServiceUnavailable, a.status, "not 429: the pool is no fuller than before")
+			require.Equal(t, "shutting_down", a.code)
+			require.Equal(t, "1", a.retryAfter)
+			require.NoError(t, p.exit(t, 20*time.Second), "exit 0 after SIGTERM")
+
+			lines := <-logged
+			require.NotEmpty(t, lines)
+			require.Contains(t, lines[len(lines)-1], `"msg":"credpool stopped","signal":"SIGTERM"`, "the last line:\n%s", strings.Join(lines, "\n"))
+			require.True(t, slices.ContainsFunc(lines, func(l string) bool {
+				return strings.Contains(l, `"error_code":"shutting_down"`)
+			}), "the waiting allocate's line")
+			for _, l := range lines {
+				require.NotContains(t, l, "s3cret", "a secret in the log")
+			}
+
+			// The held lease is still the key's one lease: the waiter cut
+			// short took no slot, and none was lost.
+			again := startServe(t, env, args...)
+			code, view := again.post(t, http.MethodGet, "/api/admin/keys/solo-1", "X-Admin-Key", adminK, "")
+			require.Equal(t, http.StatusOK, code, "%v", view)
+			require.Equal(t, float64(1), view["live_leases"])
+			rel, _ := json.Marshal(map[string]any{"provider": "solo", "pool": "default", "key_id": held["key_id"], "lease_id": held["lease_id"]})
+			code, out = again.post(t, http.MethodPost, "/api/internal/release", "X-Internal-Key", internalK, string(rel))
+			require.Equal(t, http.StatusOK, code)
+			require.Equal(t, true, out["released"], "the holder's lease outlived the stop")
+			stop(t, again)
+		})
+	}
+}
+
+// A signal while the service starts (here: its Redis does not answer, and
+// the URL lets the client retry for minutes) stops it as a signal stops
+// it once serving: exit 0, saying so, without ever serving.
+func TestServeStopsCleanlyWhileStarting(t *testing.T) {
+	env := []string{"CREDPOOL_INTERNAL_KEY=" + internalK, "CREDPOOL_ADMIN_KEY=" + adminK, "CREDPOOL_SECRET_KEY=" + secretK}
+	proxy := redistest.NewProxy(t, redistest.Start(t).Addr)
+	proxy.SetBlackhole(true)
+	cmd := serveCommand(env, "--db", filepath.Join(t.TempDir(), "c.db"), "--redis", "redis://"+proxy.Addr+"/0?max_retries=300")
+	stderr, err := cmd.StderrPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	logged := readLines(stderr)
+	require.Eventually(t, func() bool { return proxy.Conns() > 0 }, 30*time.Second, 5*time.Millisecond,
+		"credpool serve never dialled its Redis")
+
+	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	p := &serveProcess{cmd: cmd}
+	err = p.exit(t, 30*time.Second)
+	lines := <-logged
+	require.NoError(t, err, "exit 0 after SIGTERM:\n%s", strings.Join(lines, "\n"))
+	require.NotEmpty(t, lines)
+	require.Contains(t, lines[len(lines)-1], `"msg":"credpool stopped","signal":"SIGTERM"`, "the last line:\n%s", strings.Join(lines, "\n"))
+	require.True(t, slices.ContainsFunc(lines, func(l string) bool {
+		return strings.Contains(l, `"msg":"stopped while starting: not serving","signal":"SIGTERM"`)
+	}), "says it stopped while starting:\n%s", strings.Join(lines, "\n"))
+	for _, l := range lines {
+		require.NotContains(t, l, "credpool serving")
+		require.NotContains(t, l, "credpool: ", "no error")
+	}
+}
+
+// readLines reads r to its end in the background and then sends its
+// lines.
+func readLines(r io.Reader) <-chan []string {
+	out := make(chan []string, 1)
+	go func() {
+		var lines []string
+		sc := bufio.NewScanner(r)
+		for sc.Scan() {
+			lines = append(lines, sc.Text())
+		}
+		out <- lines
+	}()
+	return out
+}
+
+// metric reads one unlabelled metric of /metrics.
+func (p *serveProcess) metric(t *testing.T, name string) float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + p.addr + "/metrics")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	for _, l := range strings.Split(string(body), "\n") {
+		if v, ok := strings.CutPrefix(l, name+" "); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			require.NoError(t, err)
+			return f
+		}
+	}
+	t.Fatalf("no %s in /metrics", name)
+	return 0
 }
 
 // The drain at shutdown lasts at least as long as a request may.

@@ -87,6 +87,15 @@ func (p *Proxy) refused(chunk []byte) bool {
 	return true
 }
 
+// Conns says how many client connections the proxy holds open: a client
+// that dialled it is known to be talking to the server (or, blackholed,
+// waiting for it).
+func (p *Proxy) Conns() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.conns)
+}
+
 // SetTarget sends new connections to addr and closes the open ones, as a
 // failover that moves a service address to another server does.
 func (p *Proxy) SetTarget(addr string) {
