@@ -60,9 +60,16 @@ type Key struct {
 	MaxConcurrentUses int        `json:"max_concurrent_uses"`
 	// LiveLeases are the leases held now, NextFreeAt the earliest one's
 	// expiry, InStore whether the lease store has the key.
-	LiveLeases     int        `json:"live_leases"`
-	NextFreeAt     *time.Time `json:"next_free_at,omitempty"`
-	InStore        bool       `json:"in_store"`
+	LiveLeases int        `json:"live_leases"`
+	NextFreeAt *time.Time `json:"next_free_at,omitempty"`
+	InStore    bool       `json:"in_store"`
+	// HeldUntil, if set, is when a key held back takes leases again: a
+	// lease store lost its leases (Redis lost its data, or the service
+	// moved to another store), which may still be in use.
+	// Until then the key grants nothing, whatever its Status says.
+	// ClearLeases, the operator's word that none is in use, lifts the
+	// catalog's hold; one the Redis store keeps itself ends at its time.
+	HeldUntil      *time.Time `json:"held_until,omitempty"`
 	LastUsedAt     *time.Time `json:"last_used_at,omitempty"`
 	LastVerifiedAt *time.Time `json:"last_verified_at,omitempty"`
 	Successes      int64      `json:"successes"`

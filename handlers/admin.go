@@ -42,6 +42,7 @@ type keyView struct {
 	LiveLeases        int               `json:"live_leases"`
 	NextFreeAt        *time.Time        `json:"next_free_at,omitempty"`
 	InStore           bool              `json:"in_store"`
+	HeldUntil         *time.Time        `json:"held_until,omitempty"`
 	LastUsedAt        *time.Time        `json:"last_used_at,omitempty"`
 	LastVerifiedAt    *time.Time        `json:"last_verified_at,omitempty"`
 	Successes         int64             `json:"successes"`
@@ -55,7 +56,7 @@ func viewOf(v broker.KeyView) keyView {
 	return keyView{
 		ID: v.ID, Provider: v.Provider, Pool: v.Pool, Models: v.Models, Status: v.Status,
 		CooldownUntil: opt(v.CooldownUntil), MaxConcurrentUses: v.MaxConcurrentUses,
-		LiveLeases: v.Live, NextFreeAt: opt(v.FreeAt), InStore: v.InStore,
+		LiveLeases: v.Live, NextFreeAt: opt(v.FreeAt), InStore: v.InStore, HeldUntil: opt(v.HeldUntil),
 		LastUsedAt: opt(v.LastUsedAt), LastVerifiedAt: opt(v.LastVerifiedAt),
 		Successes: v.Successes, Errors: v.Errors, RateLimitHits: v.RateLimitHits,
 		CreatedAt: opt(v.CreatedAt), UpdatedAt: opt(v.UpdatedAt),

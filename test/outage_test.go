@@ -19,6 +19,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/credpool/credpool/internal/broker"
 	"github.com/credpool/credpool/internal/redisschema"
 	"github.com/credpool/credpool/internal/sqlitex"
 	"github.com/credpool/credpool/optimistic"
@@ -708,4 +709,39 @@ func TestHTTPAnotherStoreHoldsKeysBack(t *testing.T) {
 	require.Equal(t, http.StatusOK, code, "%v", out)
 	code, _, out = b.internal(t, "allocate-key", allocBody("default"))
 	require.Equal(t, http.StatusOK, code, "lifted: %v", out)
+}
+
+// A key held back after the store lost its leases says so in the admin
+// API (held_until) until the hold is lifted: its status alone still reads
+// available, and it grants nothing.
+func TestHTTPAdminShowsAHeldKey(t *testing.T) {
+	s := startService(t, serviceOptions{})
+	s.putKey(t, "k1", "default", 1, nil)
+	code, _, out := s.internal(t, "allocate-key", allocBody("default"))
+	require.Equal(t, http.StatusOK, code, "%v", out)
+	code, out = s.admin(t, http.MethodGet, "keys/k1", nil)
+	require.Equal(t, http.StatusOK, code)
+	require.NotContains(t, out, "held_until", "not held: %v", out)
+
+	require.NoError(t, s.redis.Client(t).FlushAll(t.Context()).Err())
+	code, _, out = s.internal(t, "allocate-key", allocBody("default"))
+	require.Equal(t, http.StatusTooManyRequests, code, "the lost lease may be in use: %v", out)
+
+	code, out = s.admin(t, http.MethodGet, "keys/k1", nil)
+	require.Equal(t, http.StatusOK, code)
+	require.Equal(t, "available", out["status"])
+	held, ok := out["held_until"].(string)
+	require.True(t, ok, "a held key shows its hold: %v", out)
+	until, err := time.Parse(time.RFC3339Nano, held)
+	require.NoError(t, err)
+	require.WithinDuration(t, time.Now().Add(broker.DefaultMaxLease), until, time.Minute, "held for the longest lease")
+	code, out = s.admin(t, http.MethodGet, "keys", nil)
+	require.Equal(t, http.StatusOK, code)
+	require.Equal(t, held, out["keys"].([]any)[0].(map[string]any)["held_until"], "the list shows it too")
+
+	code, out = s.admin(t, http.MethodPost, "keys/k1/clear-leases", nil)
+	require.Equal(t, http.StatusOK, code, "%v", out)
+	code, out = s.admin(t, http.MethodGet, "keys/k1", nil)
+	require.Equal(t, http.StatusOK, code)
+	require.NotContains(t, out, "held_until", "lifted: %v", out)
 }

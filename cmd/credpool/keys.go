@@ -374,12 +374,21 @@ func (o output) keys(keys []client.Key) error {
 		return json.NewEncoder(o.w).Encode(keys)
 	}
 	tw := tabwriter.NewWriter(o.w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tPROVIDER\tPOOL\tSTATUS\tLIMIT\tLIVE\tSUCCESSES\tERRORS\tMODELS")
+	fmt.Fprintln(tw, "ID\tPROVIDER\tPOOL\tSTATUS\tHELD_UNTIL\tLIMIT\tLIVE\tSUCCESSES\tERRORS\tMODELS")
 	for _, k := range keys {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%s\n", k.ID, k.Provider, k.Pool, k.Status,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%s\n", k.ID, k.Provider, k.Pool, k.Status, heldUntil(k),
 			k.MaxConcurrentUses, k.LiveLeases, k.Successes, k.Errors, strings.Join(k.Models, " "))
 	}
 	return tw.Flush()
+}
+
+// heldUntil is the HELD_UNTIL cell: when a key held back after a lease
+// store lost its leases grants again (whatever its status says), or "-".
+func heldUntil(k client.Key) string {
+	if k.HeldUntil == nil {
+		return "-"
+	}
+	return k.HeldUntil.UTC().Format(time.RFC3339)
 }
 
 func (o output) aliases(all []client.Alias) error {

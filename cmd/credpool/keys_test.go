@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -25,6 +26,7 @@ import (
 
 	"github.com/credpool/credpool/client"
 	"github.com/credpool/credpool/test/openapitest"
+	"github.com/credpool/credpool/test/redistest"
 )
 
 // adminCLI runs admin commands against one credpool serve process, its
@@ -654,4 +656,47 @@ func TestWatchGivesSignalsBackAfterTwo(t *testing.T) {
 	case <-time.After(time.Minute):
 		t.Fatal("signals not given back after two")
 	}
+}
+
+// keys list marks a key held back after the lease store lost its leases:
+// its status still reads available, yet it grants nothing until then.
+func TestKeysListShowsAHeldKey(t *testing.T) {
+	r := redistest.Start(t)
+	p := startServe(t, []string{"CREDPOOL_INTERNAL_KEY=" + internalK, "CREDPOOL_ADMIN_KEY=" + adminK, "CREDPOOL_SECRET_KEY=" + secretK},
+		"--db", filepath.Join(t.TempDir(), "credpool.db"), "--redis", "redis://"+r.Addr)
+	a := &adminCLI{t: t, env: map[string]string{"CREDPOOL_URL": "http://" + p.addr, "CREDPOOL_ADMIN_KEY": adminK}, http: openapitest.Client(nil)}
+	_, errOut, err := a.run("sk-held-secret\n", "keys", "put", "h1", "--provider", "openai", "--models", "m")
+	require.NoError(t, err, errOut)
+	code, out := p.allocate(t, `{"provider":"openai","model":"m"}`)
+	require.Equal(t, http.StatusOK, code, "%v", out)
+	require.Equal(t, "-", a.heldCell("h1"), "not held")
+
+	require.NoError(t, r.Client(t).FlushAll(t.Context()).Err())
+	code, out = p.allocate(t, `{"provider":"openai","model":"m"}`)
+	require.Equal(t, http.StatusTooManyRequests, code, "the lost lease may be in use: %v", out)
+	held := a.heldCell("h1")
+	until, err := time.Parse(time.RFC3339, held)
+	require.NoError(t, err, "a held key shows when it grants again: %q", held)
+	require.WithinDuration(t, time.Now().Add(time.Hour), until, time.Minute, "held for the longest lease (--max-lease)")
+
+	_, errOut, err = a.run("", "keys", "clear-leases", "h1")
+	require.NoError(t, err, errOut)
+	require.Equal(t, "-", a.heldCell("h1"), "lifted")
+}
+
+// heldCell is key id's HELD_UNTIL cell in "keys list".
+func (a *adminCLI) heldCell(id string) string {
+	a.t.Helper()
+	out, errOut, err := a.run("", "keys", "list")
+	require.NoError(a.t, err, errOut)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	col := slices.Index(strings.Fields(lines[0]), "HELD_UNTIL")
+	require.GreaterOrEqual(a.t, col, 0, "no HELD_UNTIL column in:\n%s", out)
+	for _, line := range lines[1:] {
+		if f := strings.Fields(line); f[0] == id {
+			return f[col]
+		}
+	}
+	a.t.Fatalf("no key %s in:\n%s", id, out)
+	return ""
 }

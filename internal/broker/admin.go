@@ -52,6 +52,10 @@ type KeyView struct {
 	FreeAt time.Time
 	// InStore is false if the store has no state for the key (sync needed).
 	InStore bool
+	// HeldUntil is when a key held back for leases a lease store lost
+	// takes leases again: the later of the catalog's quarantine and the
+	// store's own hold (optimistic.KeyInfo.HeldUntil). Zero if not held.
+	HeldUntil time.Time
 }
 
 // Put upserts a key in the catalog, then syncs its allocation state to the
@@ -131,15 +135,30 @@ func (a *Admin) views(ctx context.Context, keys ...catalog.Key) ([]KeyView, erro
 	if err != nil {
 		return nil, err
 	}
+	now := time.Now()
 	out := make([]KeyView, len(keys))
 	for i, k := range keys {
 		k.Secret = ""
 		// The catalog writes the last use behind; the store has the last
 		// grant.
 		k.LastUsedAt = later(k.LastUsedAt, infos[i].LastUsedAt)
-		out[i] = KeyView{Key: k, Live: infos[i].Live, FreeAt: infos[i].FreeAt, InStore: infos[i].Exists}
+		out[i] = KeyView{Key: k, Live: infos[i].Live, FreeAt: infos[i].FreeAt, InStore: infos[i].Exists,
+			HeldUntil: heldUntil(k, infos[i], now)}
 	}
 	return out, nil
+}
+
+// heldUntil is when k, whose store state is in, takes leases again after
+// a hold for lost leases; zero if it is not held at now.
+func heldUntil(k catalog.Key, in optimistic.KeyInfo, now time.Time) time.Time {
+	var until time.Time
+	if k.QuarantineUntil.After(now) {
+		until = k.QuarantineUntil
+	}
+	if in.HeldUntil.After(now) && in.HeldUntil.After(until) {
+		until = in.HeldUntil
+	}
+	return until
 }
 
 // Delete removes the key from the catalog and every trace of it from the
