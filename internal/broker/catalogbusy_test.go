@@ -75,4 +75,7 @@ func TestLockedCatalogDuringRepairIs503(t *testing.T) {
 	_, err = b.Allocate(t.Context(), req("default"))
 	t.Logf("answer: %v", err)
 	require.ErrorIs(t, err, broker.ErrCatalog, "a catalog locked past its retries is 503 catalog_unavailable")
+	require.ErrorIs(t, err, optimistic.ErrContended)
+	require.NotContains(t, err.Error(), optimistic.ErrContended.Error(), "the log names the catalog, not a lease store")
+	require.ErrorContains(t, err, "gave up after repeated conflicts: database is locked")
 }

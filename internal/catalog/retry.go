@@ -4,10 +4,12 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"fmt"
 
 	"github.com/credpool/credpool/internal/postgres"
 	"github.com/credpool/credpool/internal/retry"
 	"github.com/credpool/credpool/internal/sqlitex"
+	"github.com/credpool/credpool/optimistic"
 )
 
 // busyPolicy retries writes that came back busy, with retry's defaults (10
@@ -66,18 +68,49 @@ func (s *SQL) write(ctx context.Context, op string, fn func(tx txn, gen int64) e
 }
 
 // fail classifies a database error the way the lease stores do, so one
-// error mapping serves both: ErrNotFound, ErrAliasNotFound and
-// ErrWrongKey pass through, and the rest go through sqlitex.Classify or
-// postgres.Classify (ErrInvalid passes, cancellation keeps both causes, a
-// lost race that outlived the retries, SQLite's busy or PostgreSQL's
-// serialization failure, is optimistic.ErrContended, anything else
-// optimistic.ErrStore).
+// error mapping serves both: ErrNotFound, ErrAliasNotFound, ErrWrongKey,
+// optimistic.ErrInvalid and ErrContended pass through, cancellation keeps
+// both causes, a lost race that outlived the retries (SQLite's busy,
+// PostgreSQL's serialization failure) is optimistic.ErrContended, and
+// anything else optimistic.ErrStore. Its text names the catalog, not a
+// lease store: the log of a failed request says which part failed.
 func fail(ctx context.Context, op string, err error) error {
-	if errors.Is(err, ErrNotFound) || errors.Is(err, ErrAliasNotFound) || errors.Is(err, ErrWrongKey) {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, ErrNotFound), errors.Is(err, ErrAliasNotFound), errors.Is(err, ErrWrongKey),
+		errors.Is(err, optimistic.ErrInvalid), errors.Is(err, optimistic.ErrContended):
 		return err
+	case ctx.Err() != nil:
+		if errors.Is(err, ctx.Err()) {
+			return fmt.Errorf("catalog: %s: %w", op, err)
+		}
+		return errors.Join(fmt.Errorf("catalog: %s: %w", op, err), ctx.Err())
+	case errors.Is(err, optimistic.ErrConflict), sqlitex.Busy(err), postgres.Conflict(err):
+		return &dbError{op: op, err: err, contended: true}
 	}
-	if postgres.Conflict(err) {
-		return postgres.Classify(ctx, "catalog: "+op, err)
+	return &dbError{op: op, err: err}
+}
+
+// dbError is a failure of the catalog's database. It matches
+// optimistic.ErrStore, or ErrContended if contended, as a lease store's
+// failure would, and its cause; unlike theirs, its text names the catalog.
+type dbError struct {
+	op        string
+	err       error
+	contended bool
+}
+
+func (e *dbError) Error() string {
+	if e.contended {
+		return fmt.Sprintf("catalog: %s: gave up after repeated conflicts: %v", e.op, e.err)
 	}
-	return sqlitex.Classify(ctx, "catalog: "+op, err)
+	return fmt.Sprintf("catalog: %s: %v", e.op, e.err)
+}
+
+func (e *dbError) Unwrap() []error {
+	if e.contended {
+		return []error{optimistic.ErrContended, e.err}
+	}
+	return []error{optimistic.ErrStore, e.err}
 }

@@ -274,11 +274,16 @@ func TestDatabaseFailures(t *testing.T) {
 	cancel()
 	_, err := c.Get(ctx, "k1")
 	require.ErrorIs(t, err, context.Canceled)
+	require.ErrorContains(t, err, `catalog: get key "k1"`)
+	require.NotContains(t, err.Error(), "optimistic:", "the text names the catalog, not a lease store")
 
 	require.NoError(t, db.Close())
-	require.ErrorIs(t, c.Ping(t.Context()), optimistic.ErrStore)
+	err = c.Ping(t.Context())
+	require.ErrorIs(t, err, optimistic.ErrStore)
+	require.Equal(t, "catalog: ping: sql: database is closed", err.Error(), "not a lease store's failure")
 	_, err = c.Put(t.Context(), testKey("k1"))
 	require.ErrorIs(t, err, optimistic.ErrStore)
+	require.NotContains(t, err.Error(), optimistic.ErrStore.Error())
 	require.NotContains(t, err.Error(), secret)
 }
 
@@ -300,6 +305,8 @@ func TestPostgresDown(t *testing.T) {
 	require.ErrorIs(t, c.Ping(t.Context()), optimistic.ErrStore)
 	_, err = c.Get(t.Context(), "k1")
 	require.ErrorIs(t, err, optimistic.ErrStore)
+	require.ErrorContains(t, err, `catalog: get key "k1": `)
+	require.NotContains(t, err.Error(), optimistic.ErrStore.Error(), "the text names the catalog, not a lease store")
 	_, err = c.Put(t.Context(), testKey("k1"))
 	require.ErrorIs(t, err, optimistic.ErrStore)
 	require.NotContains(t, err.Error(), secret)
