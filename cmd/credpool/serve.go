@@ -52,10 +52,23 @@ type serveConfig struct {
 
 	// clusterRefresh is server.Config.RedisClusterRefresh.
 	clusterRefresh time.Duration
+
+	// env names, by flag, the variable a value was read from: the flags
+	// not given on the command line whose variable is set.
+	env map[string]string
 }
 
-// serveEnv names each flag's environment fallback, applied before the
-// command line (which wins) and parsed as the flag is.
+// name is how an error names flag: by its variable if the value came
+// from the environment, which is where the operator has to fix it.
+func (c serveConfig) name(flag string) string {
+	if v, ok := c.env[flag]; ok {
+		return v + " (for --" + flag + ")"
+	}
+	return "--" + flag
+}
+
+// serveEnv names each flag's environment fallback, applied to the flags
+// the command line (which wins) does not give, and parsed as the flag is.
 var serveEnv = []struct{ flag, env string }{
 	{"listen", "CREDPOOL_LISTEN"},
 	{"redis", "CREDPOOL_REDIS_URL"},
@@ -96,55 +109,63 @@ func parseServe(args []string) (serveConfig, error) {
 	fs.IntVar(&c.minReplicas, "redis-min-replicas", 0, "replicas that must acknowledge a grant or renewal (WAIT); 0: none; needs --redis (env CREDPOOL_REDIS_MIN_REPLICAS)")
 	fs.IntVar(&c.inspect, "inspect", broker.DefaultInspect, "candidates per allocate, the best by the catalog, ranked again with their live state from the store (see --live-max-age); 0: all (env CREDPOOL_INSPECT)")
 	fs.DurationVar(&c.liveMaxAge, "live-max-age", broker.DefaultLiveMaxAge, "how long a key's live state, once read, ranks it without another read, kept up by this instance's own grants and releases (then read again in the background, and before it ranks once four times older); 0: read on every allocate (env CREDPOOL_LIVE_MAX_AGE)")
-	for _, e := range serveEnv {
-		if v, ok := os.LookupEnv(e.env); ok {
-			if err := fs.Set(e.flag, v); err != nil {
-				if g, ok := fs.Lookup(e.flag).Value.(flag.Getter); ok {
-					if _, isDuration := g.Get().(time.Duration); isDuration {
-						err = fmt.Errorf("%w: want a duration with its unit, e.g. 10s or 500ms", err)
-					}
-				}
-				return c, fmt.Errorf("serve: %s (for --%s): %w", e.env, e.flag, err)
-			}
-		}
-	}
 	if err := fs.Parse(args); err != nil {
 		return c, err
+	}
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	c.env = map[string]string{}
+	for _, e := range serveEnv {
+		v, ok := os.LookupEnv(e.env)
+		if !ok || given[e.flag] {
+			continue
+		}
+		c.env[e.flag] = e.env
+		if err := fs.Set(e.flag, v); err != nil {
+			if g, ok := fs.Lookup(e.flag).Value.(flag.Getter); ok {
+				if _, isDuration := g.Get().(time.Duration); isDuration {
+					err = fmt.Errorf("%w: want a duration with its unit, e.g. 10s or 500ms", err)
+				}
+			}
+			return c, fmt.Errorf("serve: %s: %w", c.name(e.flag), err)
+		}
 	}
 	if c.listen == "" {
 		// net.Listen would take it for every interface, on a random port:
 		// an unset variable in a unit file must not expose the service.
-		return c, errors.New("serve: --listen (CREDPOOL_LISTEN) is empty: want host:port, e.g. 127.0.0.1:8080, or :8080 for every interface")
+		return c, fmt.Errorf("serve: %s is empty: want host:port, e.g. 127.0.0.1:8080, or :8080 for every interface", c.name("listen"))
 	}
-	if c.readTimeout <= 0 || c.reqTimeout <= 0 || c.idleTimeout <= 0 {
-		return c, errors.New("serve: --read-timeout, --request-timeout and --idle-timeout must be positive")
+	for _, d := range []struct {
+		flag string
+		val  time.Duration
+	}{{"read-timeout", c.readTimeout}, {"request-timeout", c.reqTimeout}, {"idle-timeout", c.idleTimeout}, {"redis-cluster-refresh", c.clusterRefresh}} {
+		if d.val <= 0 {
+			return c, fmt.Errorf("serve: %s must be positive", c.name(d.flag))
+		}
 	}
 	if c.maxLease < time.Second || c.maxLease > catalog.ReportMemory {
-		return c, fmt.Errorf("serve: --max-lease must be from 1s to %v", catalog.ReportMemory)
-	}
-	if c.clusterRefresh <= 0 {
-		return c, errors.New("serve: --redis-cluster-refresh must be positive")
+		return c, fmt.Errorf("serve: %s must be from 1s to %v", c.name("max-lease"), catalog.ReportMemory)
 	}
 	if c.minReplicas < 0 {
-		return c, errors.New("serve: --redis-min-replicas must be 0 or more")
+		return c, fmt.Errorf("serve: %s must be 0 or more", c.name("redis-min-replicas"))
 	}
 	if c.inspect < 0 {
-		return c, errors.New("serve: --inspect must be 0 (all) or more")
+		return c, fmt.Errorf("serve: %s must be 0 (all) or more", c.name("inspect"))
 	}
 	if c.liveMaxAge < 0 {
-		return c, errors.New("serve: --live-max-age must be 0 (read on every allocate) or more")
+		return c, fmt.Errorf("serve: %s must be 0 (read on every allocate) or more", c.name("live-max-age"))
 	}
 	if err := postgres.CheckTarget(c.db); err != nil {
-		return c, fmt.Errorf("serve: --db %w", err)
+		return c, fmt.Errorf("serve: %s %w", c.name("db"), err)
 	}
 	if c.redisCluster && c.redisURL == "" {
-		return c, errors.New("serve: --redis-cluster needs --redis: it says how to read the Redis URL")
+		return c, fmt.Errorf("serve: %s needs --redis: it says how to read the Redis URL", c.name("redis-cluster"))
 	}
 	if postgres.IsURL(c.db) && c.redisURL == "" {
-		return c, errors.New("serve: a PostgreSQL --db needs --redis: leases live in Redis when the catalog is shared (the SQLite lease store lives in a SQLite catalog's file)")
+		return c, fmt.Errorf("serve: a PostgreSQL %s needs --redis: leases live in Redis when the catalog is shared (the SQLite lease store lives in a SQLite catalog's file)", c.name("db"))
 	}
 	if c.minReplicas > 0 && c.redisURL == "" {
-		return c, errors.New("serve: --redis-min-replicas needs --redis: the SQLite store has no replicas")
+		return c, fmt.Errorf("serve: %s needs --redis: the SQLite store has no replicas", c.name("redis-min-replicas"))
 	}
 	if fs.NArg() > 0 {
 		return c, fmt.Errorf("serve: unexpected argument %q", fs.Arg(0))
@@ -203,11 +224,11 @@ func run(ctx context.Context, cfg serveConfig, log *slog.Logger, logDropped func
 	}
 	weights, err := parseWeights(cfg.weights)
 	if err != nil {
-		return err
+		return fmt.Errorf("%s: %w", cfg.name("weights"), err)
 	}
 	pools, err := parsePoolOrder(cfg.fallback)
 	if err != nil {
-		return err
+		return fmt.Errorf("%s: %w", cfg.name("pool-fallback"), err)
 	}
 	sealer, err := secretSealer(cfg)
 	if err != nil {
@@ -215,7 +236,7 @@ func run(ctx context.Context, cfg serveConfig, log *slog.Logger, logDropped func
 	}
 	sqliteDB, pgDB, err := openCatalogDB(ctx, cfg.db)
 	if err != nil {
-		return startFailed(err)
+		return startFailed(fmt.Errorf("%s: %w", cfg.name("db"), err))
 	}
 	defer func() {
 		if sqliteDB != nil {
@@ -226,7 +247,7 @@ func run(ctx context.Context, cfg serveConfig, log *slog.Logger, logDropped func
 	}()
 	app, err := server.New(ctx, server.Config{
 		DB: sqliteDB, Postgres: pgDB, Sealer: sealer,
-		RedisURL: cfg.redisURL, RedisCluster: cfg.redisCluster, RedisClusterRefresh: cfg.clusterRefresh, MinReplicas: cfg.minReplicas,
+		RedisURL: cfg.redisURL, RedisURLFrom: cfg.name("redis"), RedisCluster: cfg.redisCluster, RedisClusterRefresh: cfg.clusterRefresh, MinReplicas: cfg.minReplicas,
 		InternalKey: cfg.internalKey, AdminKey: cfg.adminKey, Inspect: inspect(cfg.inspect),
 		LiveMaxAge: liveMaxAge(cfg.liveMaxAge),
 		Weights:    &weights, Pools: pools, MaxLease: cfg.maxLease, RequestTimeout: cfg.reqTimeout,
@@ -463,11 +484,11 @@ func parseWeights(s string) (broker.Weights, error) {
 		name, val, ok := strings.Cut(pair, "=")
 		f, known := fields[strings.TrimSpace(name)]
 		if !ok || !known {
-			return w, fmt.Errorf("--weights: %q: want name=value with name one of capacity, idle, success, error, rate_limit, cooldown, freshness, jitter", pair)
+			return w, fmt.Errorf("%q: want name=value with name one of capacity, idle, success, error, rate_limit, cooldown, freshness, jitter", pair)
 		}
 		v, err := strconv.ParseFloat(strings.TrimSpace(val), 64)
 		if err != nil || !(v >= 0) || math.IsInf(v, 1) {
-			return w, fmt.Errorf("--weights: %q: want a finite number >= 0", pair)
+			return w, fmt.Errorf("%q: want a finite number >= 0", pair)
 		}
 		*f = v
 	}
@@ -483,17 +504,17 @@ func parsePoolOrder(s string) (broker.PoolOrder, error) {
 		}
 		pool, fallbacks, ok := strings.Cut(rule, "=")
 		if !ok || !optimistic.ValidID(pool) {
-			return nil, fmt.Errorf("--pool-fallback: %q: want pool=fallback[+fallback...]", rule)
+			return nil, fmt.Errorf("%q: want pool=fallback[+fallback...]", rule)
 		}
 		for _, f := range strings.Split(fallbacks, "+") {
 			if !optimistic.ValidID(f) {
-				return nil, fmt.Errorf("--pool-fallback: %q: bad pool %q", rule, f)
+				return nil, fmt.Errorf("%q: bad pool %q", rule, f)
 			}
 			o[pool] = append(o[pool], f)
 		}
 	}
 	if err := o.Check(); err != nil {
-		return nil, fmt.Errorf("--pool-fallback: %w", err)
+		return nil, err
 	}
 	return o, nil
 }

@@ -684,6 +684,12 @@ func TestServeReadsEnv(t *testing.T) {
 	}
 	c, err := parseServe(nil)
 	require.NoError(t, err)
+	for _, e := range serveEnv {
+		if e.flag != "redis-cluster" {
+			require.Equal(t, e.env+" (for --"+e.flag+")", c.name(e.flag), "errors name where the value came from")
+		}
+	}
+	c.env = nil
 	require.Equal(t, serveConfig{
 		listen: "127.0.0.1:9", redisURL: "redis://r:6379/2", db: "c.db", internalKey: "i", adminKey: "a",
 		weights: "idle=1", fallback: "a=b", readTimeout: 3 * time.Second, idleTimeout: 4 * time.Second, reqTimeout: 20 * time.Second,
@@ -693,6 +699,12 @@ func TestServeReadsEnv(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "flag.db", c.db, "the command line wins")
 	require.Equal(t, 7*time.Second, c.readTimeout, "the command line wins")
+	require.Equal(t, "--db", c.name("db"))
+	require.Equal(t, "CREDPOOL_LISTEN (for --listen)", c.name("listen"))
+	t.Setenv("CREDPOOL_IDLE_TIMEOUT", "soon")
+	_, err = parseServe([]string{"--idle-timeout", "4s"})
+	require.NoError(t, err, "a variable the command line overrides is not read")
+	t.Setenv("CREDPOOL_IDLE_TIMEOUT", "4s")
 
 	for v, want := range map[string]bool{"true": true, "1": true, "TRUE": true, "t": true, "false": false, "0": false} {
 		t.Setenv("CREDPOOL_REDIS_CLUSTER", v)
@@ -705,6 +717,72 @@ func TestServeReadsEnv(t *testing.T) {
 		_, err = parseServe(nil)
 		require.ErrorContains(t, err, "CREDPOOL_REDIS_CLUSTER", "%q is no boolean: refused, not read as false", v)
 	}
+}
+
+// A value that stops the start is named where the operator set it: the
+// variable when it came from the environment, else the flag.
+func TestServeNamesWhereABadValueCameFrom(t *testing.T) {
+	unsetServeEnv(t)
+	for env, c := range map[string]struct{ value, flag, why string }{
+		"CREDPOOL_MAX_LEASE":             {"48h", "max-lease", "must be from 1s"},
+		"CREDPOOL_READ_TIMEOUT":          {"0s", "read-timeout", "must be positive"},
+		"CREDPOOL_REDIS_CLUSTER_REFRESH": {"0s", "redis-cluster-refresh", "must be positive"},
+		"CREDPOOL_INSPECT":               {"-1", "inspect", "must be 0 (all) or more"},
+		"CREDPOOL_LIVE_MAX_AGE":          {"-1ms", "live-max-age", "must be 0"},
+		"CREDPOOL_REDIS_MIN_REPLICAS":    {"-1", "redis-min-replicas", "must be 0 or more"},
+		"CREDPOOL_DB":                    {"host=db user=credpool password=hunter2", "db", "libpq keyword"},
+	} {
+		t.Run(env, func(t *testing.T) {
+			t.Setenv(env, c.value)
+			_, err := parseServe(nil)
+			require.ErrorContains(t, err, env+" (for --"+c.flag+") ")
+			require.ErrorContains(t, err, c.why)
+			_, err = parseServe([]string{"--" + c.flag, c.value})
+			require.ErrorContains(t, err, "serve: --"+c.flag+" ")
+			require.NotContains(t, err.Error(), env, "the command line's value is the flag's")
+		})
+	}
+
+	t.Setenv("CREDPOOL_SECRET_KEY", secretK)
+	t.Chdir(t.TempDir())
+	keys := []string{"--internal-key", internalK, "--admin-key", adminK}
+	t.Setenv("CREDPOOL_WEIGHTS", "speed=1")
+	require.ErrorContains(t, serve(keys), "CREDPOOL_WEIGHTS (for --weights): \"speed=1\": want name=value")
+	require.ErrorContains(t, serve(append(keys, "--weights", "speed=1")), "--weights: ")
+	require.NoError(t, os.Unsetenv("CREDPOOL_WEIGHTS"))
+	t.Setenv("CREDPOOL_POOL_FALLBACK", "vip")
+	require.ErrorContains(t, serve(keys), "CREDPOOL_POOL_FALLBACK (for --pool-fallback): \"vip\": want pool=fallback")
+	require.NoError(t, os.Unsetenv("CREDPOOL_POOL_FALLBACK"))
+
+	t.Setenv("CREDPOOL_REDIS_URL", "redis://u:hunter2@127.0.0.1:notaport/0")
+	err := serve(keys)
+	require.ErrorContains(t, err, "CREDPOOL_REDIS_URL (for --redis): not a valid Redis URL")
+	require.NotContains(t, err.Error(), "hunter2")
+	err = serve(append(keys, "--redis", "redis://u:hunter2@127.0.0.1:notaport/0"))
+	require.ErrorContains(t, err, "--redis: not a valid Redis URL")
+	require.NotContains(t, err.Error(), "CREDPOOL_REDIS_URL")
+	t.Setenv("CREDPOOL_REDIS_URL", "redis+sentinel://u:hunter2@127.0.0.1:26379")
+	err = serve(keys)
+	require.ErrorContains(t, err, "CREDPOOL_REDIS_URL (for --redis): not a valid Sentinel URL")
+	require.NotContains(t, err.Error(), "hunter2")
+	t.Setenv("CREDPOOL_REDIS_URL", "redis://127.0.0.1:1/0")
+	require.ErrorContains(t, serve(keys), "redis at CREDPOOL_REDIS_URL (for --redis) is not reachable")
+}
+
+// A Redis that answers but has no such database is reachable: the start
+// says which database it lacks, not that nothing answered.
+func TestServeSaysARedisHasNoSuchDatabase(t *testing.T) {
+	unsetServeEnv(t)
+	t.Setenv("CREDPOOL_SECRET_KEY", secretK)
+	t.Chdir(t.TempDir())
+	r := redistest.Start(t)
+	keys := []string{"--internal-key", internalK, "--admin-key", adminK}
+	err := serve(append(keys, "--redis", "redis://"+r.Addr+"/99"))
+	require.ErrorContains(t, err, "redis at --redis has no database 99")
+	require.ErrorContains(t, err, "ERR DB index is out of range", "Redis's own words")
+	require.NotContains(t, err.Error(), "not reachable")
+	t.Setenv("CREDPOOL_REDIS_URL", "redis://"+r.Addr+"/99")
+	require.ErrorContains(t, serve(keys), "redis at CREDPOOL_REDIS_URL (for --redis) has no database 99")
 }
 
 // unsetServeEnv unsets serve's environment variables for the test.
@@ -729,10 +807,10 @@ func TestServeRefusesMinReplicasWithoutRedis(t *testing.T) {
 func TestServeRefusesAnEmptyListenAddress(t *testing.T) {
 	unsetServeEnv(t)
 	_, err := parseServe([]string{"--listen", ""})
-	require.ErrorContains(t, err, "--listen (CREDPOOL_LISTEN) is empty")
+	require.ErrorContains(t, err, "--listen is empty")
 	t.Setenv("CREDPOOL_LISTEN", "")
 	_, err = parseServe(nil)
-	require.ErrorContains(t, err, "is empty")
+	require.ErrorContains(t, err, "CREDPOOL_LISTEN (for --listen) is empty")
 	_, err = parseServe([]string{"--listen", ":8080"})
 	require.NoError(t, err, "every interface, said so")
 }

@@ -30,11 +30,11 @@ const (
 
 // errBadSentinelURL stands for any parse error of a Sentinel URL; what it
 // wraps never quotes the URL, which may carry a password.
-var errBadSentinelURL = errors.New("--redis: not a valid Sentinel URL, want redis+sentinel://[user:password@]host:port[,host:port...]/master[/db]")
+var errBadSentinelURL = errors.New("not a valid Sentinel URL, want redis+sentinel://[user:password@]host:port[,host:port...]/master[/db]")
 
 // errSentinelCluster refuses --redis-cluster with a Sentinel URL: Sentinel
 // watches standalone masters, a cluster fails over by itself.
-var errSentinelCluster = errors.New("--redis-cluster takes a cluster URL (redis://host:port?addr=host2:port2), not a Sentinel URL")
+var errSentinelCluster = errors.New("a Sentinel URL, but the cluster setting (--redis-cluster) wants a cluster URL (redis://host:port?addr=host2:port2)")
 
 // errNoSuchMaster is the sentinels' answer for a master name they do not
 // watch.

@@ -42,6 +42,11 @@ type Config struct {
 	//
 	// default: "" (leases in DB)
 	RedisURL string
+	// RedisURLFrom names where RedisURL came from (a flag, or the
+	// environment variable it was read from), for the errors about it.
+	//
+	// default: "--redis"
+	RedisURLFrom string
 	// RedisCluster reads RedisURL as a cluster URL
 	// (redis://host:port?addr=host2:port2).
 	//

@@ -39,7 +39,7 @@ const (
 
 // errBadURL stands for any parse error of the Redis URL, which may carry
 // a password that an error must not echo.
-var errBadURL = errors.New("--redis: not a valid Redis URL, want redis://[user:password@]host:port[/db]")
+var errBadURL = errors.New("not a valid Redis URL, want redis://[user:password@]host:port[/db]")
 
 // leaseStore is the active lease store and its request log.
 type leaseStore struct {
@@ -71,9 +71,10 @@ func openStore(ctx context.Context, cfg Config) (leaseStore, error) {
 		return leaseStore{name: "sqlite", id: "sqlite", leases: s, requests: requests, nodes: w.Nodes,
 			close: func() { w.stop(); _ = s.Close() }}, nil
 	}
+	from := cmp.Or(cfg.RedisURLFrom, "--redis")
 	rdb, id, err := redisClient(cfg.RedisURL, cfg.RedisCluster)
 	if err != nil {
-		return leaseStore{}, err
+		return leaseStore{}, fmt.Errorf("%s: %w", from, err)
 	}
 	closeClient := func() { _ = rdb.Close() }
 	if c, ok := rdb.(*redis.ClusterClient); ok {
@@ -90,11 +91,7 @@ func openStore(ctx context.Context, cfg Config) (leaseStore, error) {
 	// the others wait for them.
 	if err := s.Ping(ctx); err != nil {
 		closeClient()
-		if errors.Is(err, redis.Nil) {
-			// Only a sentinel answers nil there: it knows no such master.
-			return leaseStore{}, fmt.Errorf("redis at --redis: %w", errNoSuchMaster)
-		}
-		return leaseStore{}, fmt.Errorf("redis at --redis is not reachable: %w", err)
+		return leaseStore{}, pingErr(from, rdb, err)
 	}
 	// The request log lives beside the leases, under the store's prefix.
 	requests, err := requestlog.NewRedis(rdb, rs.DefaultPrefix)
@@ -105,6 +102,27 @@ func openStore(ctx context.Context, cfg Config) (leaseStore, error) {
 	w := watchNodes(s, cfg.RedisClusterRefresh, cfg.Logger)
 	return leaseStore{name: "redis", id: id, leases: s, requests: requests, nodes: w.Nodes,
 		close: func() { w.stop(); closeClient() }}, nil
+}
+
+// pingErr says why the first ping of rdb, the Redis whose URL came from
+// from (a flag or a variable), failed: a server that answered with an
+// error is reachable, and its answer says what to fix.
+func pingErr(from string, rdb redis.UniversalClient, err error) error {
+	var reply redis.Error
+	switch {
+	case errors.Is(err, redis.Nil):
+		// Only a sentinel answers nil there: it knows no such master.
+		return fmt.Errorf("redis at %s: %w", from, errNoSuchMaster)
+	case redis.HasErrorPrefix(err, "DB index is out of range"):
+		var db int
+		if c, ok := rdb.(*redis.Client); ok {
+			db = c.Options().DB
+		}
+		return fmt.Errorf("redis at %s has no database %d (the URL's /%d; the server's databases setting is lower): %w", from, db, db, err)
+	case errors.As(err, &reply):
+		return fmt.Errorf("redis at %s answered but refused the connection: %w", from, err)
+	}
+	return fmt.Errorf("redis at %s is not reachable: %w", from, err)
 }
 
 // redisClient returns a client of the Redis at raw, bounded as the
