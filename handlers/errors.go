@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math"
 	"net/http"
+	"regexp"
 	"strconv"
 	"time"
 
@@ -89,12 +90,13 @@ var serverFault = map[string]string{
 // the wait is known: the seconds until the earliest lease expiry or
 // cooldown end, or 1 after contention; shutting_down carries 1 (another
 // instance may answer at once). Server faults answer a fixed message and
-// leave the error for the request log.
+// leave the error for the request log; other answers carry err's text
+// without its Go package prefixes (see clientMessage).
 func failErr(c *gin.Context, err error) {
 	status, code := statusFor(err)
-	msg := err.Error()
+	msg := clientMessage(err)
 	if fixed, ok := serverFault[code]; ok {
-		c.Set(logError, msg)
+		c.Set(logError, err.Error())
 		msg = fixed
 	}
 	if status == http.StatusTooManyRequests || code == "shutting_down" {
@@ -103,6 +105,19 @@ func failErr(c *gin.Context, err error) {
 		}
 	}
 	fail(c, status, code, msg, "")
+}
+
+// goPrefix is the name of one of the service's packages that starts an
+// error's text or a part of it ("optimistic: no free slot…", "…: broker:
+// …"): the logs' way to say where an error came from, not the client's.
+// Ids, pools and models hold no spaces, so a value quoted in an error
+// cannot end in ": " and look like one.
+var goPrefix = regexp.MustCompile(`(^|: )(?:optimistic|broker|catalog|requestlog): `)
+
+// clientMessage is err's text as an answer's message: without the package
+// prefixes its parts carry (goPrefix).
+func clientMessage(err error) string {
+	return goPrefix.ReplaceAllString(err.Error(), "$1")
 }
 
 // retryAfter is whole seconds from now until err says to try again, at

@@ -67,3 +67,21 @@ func TestRetryAfter(t *testing.T) {
 		require.Equal(t, c.ok, ok, "%v", c.err)
 	}
 }
+
+// An answer's message drops the package prefixes of every part of the
+// error, and nothing else: a value that holds a colon stays whole.
+func TestClientMessage(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		want string
+	}{
+		{&optimistic.CapacityError{}, "no free slot in candidates"},
+		{fmt.Errorf("%w: no key of provider p in pools [default] serves model m:1", broker.ErrPolicy),
+			"request conflicts with policy: no key of provider p in pools [default] serves model m:1"},
+		{fmt.Errorf("broker: renew: %w", optimistic.ErrLeaseMismatch), "renew: lease lost: it belongs to another key, provider or pool"},
+		{fmt.Errorf("%w: %q", catalog.ErrNotFound, "broker:"), `key not found: "broker:"`},
+		{requestlog.ErrReused, "request id reused with other parameters"},
+	} {
+		require.Equal(t, c.want, clientMessage(c.err))
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -945,4 +946,47 @@ func TestHTTPConcurrentSameRequestID(t *testing.T) {
 		_, key := s.admin(t, http.MethodGet, "keys/k", nil)
 		require.EqualValues(t, 1, key["live_leases"], "one slot for one request id")
 	})
+}
+
+// An error answer's message is for the client: it reads without the Go
+// package prefixes ("optimistic: ", "broker: ") the logs' errors carry,
+// whatever the answer; its code is the contract's.
+func TestHTTPErrorMessagesReadCleanly(t *testing.T) {
+	prefixed := regexp.MustCompile(`(^|: )(optimistic|broker|catalog|requestlog): `)
+	check := func(t *testing.T, code, wantStatus int, out map[string]any, wantCode string) {
+		t.Helper()
+		require.Equal(t, wantStatus, code, "%v", out)
+		require.Equal(t, wantCode, errCode(out))
+		msg, _ := out["error"].(map[string]any)["message"].(string)
+		require.NotEmpty(t, msg)
+		require.NotRegexp(t, prefixed, msg, "%s in the client's words", wantCode)
+	}
+	s := startService(t, serviceOptions{})
+	s.putKey(t, "k", "default", 1, nil)
+	body := withField(allocBody("vip"), "request_id", "req-1")
+	code, _, g := s.internal(t, "allocate-key", body)
+	require.Equal(t, http.StatusOK, code, "%v", g)
+
+	code, _, out := s.internal(t, "allocate-key", allocBody("default"))
+	check(t, code, http.StatusTooManyRequests, out, "pool_exhausted")
+	require.Contains(t, out["error"].(map[string]any)["message"], "no free slot", "the cause, unprefixed")
+	code, _, out = s.internal(t, "allocate-key", map[string]any{"provider": "nobody", "model": "m"})
+	check(t, code, http.StatusNotFound, out, "no_candidates")
+	code, _, out = s.internal(t, "allocate-key", map[string]any{"provider": "openai", "model": "claude-3"})
+	check(t, code, http.StatusConflict, out, "policy_conflict")
+	code, _, out = s.internal(t, "allocate-key", withField(body, "model", "gpt-4o-mini"))
+	check(t, code, http.StatusConflict, out, "request_id_reused")
+	code, _, out = s.internal(t, "renew", withField(leaseBody(g), "pool", "vip"))
+	check(t, code, http.StatusConflict, out, "owner_mismatch")
+	code, _, out = s.internal(t, "renew", withField(leaseBody(g), "lease_id", "gone"))
+	check(t, code, http.StatusGone, out, "lease_lost")
+	code, out = s.admin(t, http.MethodGet, "keys/missing", nil)
+	check(t, code, http.StatusNotFound, out, "key_not_found")
+	code, out = s.admin(t, http.MethodDelete, "aliases/openai/missing", nil)
+	check(t, code, http.StatusNotFound, out, "alias_not_found")
+
+	hot := startService(t, serviceOptions{wrap: func(l optimistic.LeaseStore) optimistic.LeaseStore { return contendedStore{l} }})
+	hot.putKey(t, "k", "default", 1, nil)
+	code, _, out = hot.internal(t, "allocate-key", allocBody("default"))
+	check(t, code, http.StatusTooManyRequests, out, "contended")
 }
