@@ -133,12 +133,13 @@ type Options struct {
 	// default: a counter of the Broker's own
 	Losses *Losses
 	// StoreID names the lease store in the catalog's record of which keys
-	// reached it, so that a key it lacks tells a loss (it had the key)
-	// from a new store (a move to another Redis, say), which starts
-	// afresh.
+	// reached it, so that a key last synced to another store (a move to
+	// another Redis, say), whose leases may still be in use, is held
+	// back, and the log tells that from a loss of this store's data. Give
+	// the Broker and its Admin the same one (NewStoreID).
 	//
-	// default: ""
-	StoreID string
+	// default: one fixed empty name
+	StoreID *StoreID
 	// Logger receives one line per decision worth knowing (a grant given
 	// back, a cache repair). It logs key and lease ids, never secrets.
 	//
@@ -165,6 +166,9 @@ func (o *Options) withDefaults() Options {
 	}
 	if out.Losses == nil {
 		out.Losses = NewLosses()
+	}
+	if out.StoreID == nil {
+		out.StoreID = fixedStoreID("")
 	}
 	if out.Logger == nil {
 		out.Logger = slog.Default()

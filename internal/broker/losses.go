@@ -91,27 +91,33 @@ type keysSyncer interface {
 type syncer[C syncCatalog] struct {
 	catalog  C
 	store    optimistic.LeaseStore
-	storeID  string // the store's name in the catalog's synced records
+	ids      *StoreID // the store's names in the catalog's synced records
 	losses   *Losses
 	maxLease time.Duration
 	log      *slog.Logger
 }
 
 func newSyncer[C syncCatalog](c C, s optimistic.LeaseStore, o Options) syncer[C] {
-	return syncer[C]{catalog: c, store: s, storeID: o.StoreID, losses: o.Losses, maxLease: o.MaxLease, log: o.Logger}
+	return syncer[C]{catalog: c, store: s, ids: o.StoreID, losses: o.Losses, maxLease: o.MaxLease, log: o.Logger}
 }
 
 // sync writes k, as the catalog has it, into the store, whose view of it is
 // in, read after k: another broker may have synced the key meanwhile, and
 // since it syncs before it marks the key synced, a store read after k sees
-// that sync. If the store lost leases of the key (see lostUntil), they may
-// still be in use, so the key is quarantined (held back until they end,
-// in the catalog and so in the store) rather than handed out again at
-// once. It returns the key as synced and whether it was found lost. A key
-// deleted from the catalog meanwhile is catalog.ErrNotFound.
+// that sync. If the store lost leases of the key, or another store may
+// have granted leases on it (see lostUntil), they may still be in use, so
+// the key is quarantined (held back until they end, in the catalog and so
+// in the store) rather than handed out again at once; a key another store
+// served is then marked as this store's, so the hold is taken once. It
+// returns the key as synced and whether it was found lost. A key deleted
+// from the catalog meanwhile is catalog.ErrNotFound.
 func (s syncer[C]) sync(ctx context.Context, k catalog.Key, in optimistic.KeyInfo) (catalog.Key, bool, error) {
-	now := time.Now()
-	until, lost := s.lostUntil(k, in, now)
+	moved, err := s.moved(ctx, k, in)
+	if err != nil {
+		return k, false, err
+	}
+	from, now := k.SyncedStore, time.Now()
+	until, lost := s.lostUntil(k, in, moved, now)
 	if lost {
 		q, err := s.catalog.Quarantine(ctx, k.ID, until, now)
 		if err != nil {
@@ -120,31 +126,65 @@ func (s syncer[C]) sync(ctx context.Context, k catalog.Key, in optimistic.KeyInf
 		q.Secret = k.Secret
 		k = q
 	}
-	k, err := s.write(ctx, k)
+	k, err = s.write(ctx, k)
 	if err != nil {
 		return k, false, err
 	}
-	if lost {
-		s.losses.total.Add(1)
-		how := "the key is missing"
-		switch {
-		case in.Exists:
-			how = "its state is older than a grant seen on it"
-		case k.SyncedStore != s.storeID:
-			how = "the key was served by another lease store, whose leases may be in use: " + k.SyncedStore
-		}
-		s.log.WarnContext(ctx, "the lease store lost this key's state: no grants on it until every lease it may have had has ended",
-			"key_id", k.ID, "how", how, "until", k.QuarantineUntil)
-		return k, true, nil
+	k, err = s.mark(ctx, k, now)
+	if err != nil || !lost {
+		return k, false, err
 	}
-	if s.first(k) {
-		err := s.catalog.MarkSynced(ctx, s.storeID, now, k.ID)
-		if err != nil && !errors.Is(err, catalog.ErrNotFound) {
-			return k, false, catalogErr(ctx, "mark synced", err)
+	s.losses.total.Add(1)
+	msg, how := "the lease store lost this key's state", "the key is missing"
+	switch {
+	case moved:
+		msg, how = "the key was served by another lease store", "lease store "+from+" synced it last, and its leases may be in use"
+		if !in.Exists {
+			how += " (a move to this store, or this store lost its data, its id too, before any instance here noticed)"
 		}
-		k.SyncedAt, k.SyncedStore = now, s.storeID
+	case in.Exists:
+		how = "its state is older than a grant seen on it"
 	}
-	return k, false, nil
+	s.log.WarnContext(ctx, msg+": no grants on it until every lease it may have had has ended",
+		"key_id", k.ID, "how", how, "until", k.QuarantineUntil)
+	return k, true, nil
+}
+
+// mark records that k reached this store at now, if it had not (see
+// first): a key deleted from the catalog meanwhile is left as it is.
+func (s syncer[C]) mark(ctx context.Context, k catalog.Key, now time.Time) (catalog.Key, error) {
+	if !s.first(k) {
+		return k, nil
+	}
+	id := s.ids.ID()
+	err := s.catalog.MarkSynced(ctx, id, now, k.ID)
+	if err != nil && !errors.Is(err, catalog.ErrNotFound) {
+		return k, catalogErr(ctx, "mark synced", err)
+	}
+	k.SyncedAt, k.SyncedStore = now, id
+	return k, nil
+}
+
+// moved reports whether k, which the store's view in shows, was last
+// synced to another lease store, whose grants this one does not know of.
+// Before it says so, it reads the store's id again (see StoreID.reread):
+// another instance may have written a new one after the store lost its
+// data. A key the store lacks has the id read again too, so that a store
+// that lost its data, id and all, gets its id back before an instance
+// starting now writes another; that read failing is no error there, as
+// such a key is held back anyway.
+func (s syncer[C]) moved(ctx context.Context, k catalog.Key, in optimistic.KeyInfo) (bool, error) {
+	if k.SyncedAt.IsZero() || in.Unreachable || (in.Exists && s.ids.owns(k.SyncedStore)) {
+		return false, nil
+	}
+	switch err := s.ids.reread(ctx); {
+	case err == nil:
+	case s.ids.owns(k.SyncedStore):
+		s.log.WarnContext(ctx, "the lease store lacks a key it had; its id was not read again", "key_id", k.ID, "err", err)
+	default:
+		return false, err
+	}
+	return !s.ids.owns(k.SyncedStore), nil
 }
 
 // settleRounds bounds write's re-syncs of a key that keeps changing: its
@@ -198,14 +238,16 @@ func sameState(a, b catalog.Key) bool {
 // when they may still be in use. Either it lacks k although k reached a
 // store, this one or another (the service moved to this store, or an
 // instance was pointed at another by mistake: leases granted there may be
-// in use): then for up to maxLease from now. A key the store could not
-// read (in.Unreachable) is not known to be lacking. Or it holds k back,
-// having found its state older than a grant it had seen (a restart from
-// an older copy, see optimistic.Options.LostHold), longer than the catalog
-// does: then until that hold ends.
-func (s syncer[C]) lostUntil(k catalog.Key, in optimistic.KeyInfo, now time.Time) (time.Time, bool) {
+// in use), or another store synced k after this one did (moved, see
+// syncer.moved: it may have granted since, whatever this store holds):
+// then for up to maxLease from now. A key the store could not read
+// (in.Unreachable) is not known to be lacking. Or it holds k back, having
+// found its state older than a grant it had seen (a restart from an older
+// copy, see optimistic.Options.LostHold), longer than the catalog does:
+// then until that hold ends.
+func (s syncer[C]) lostUntil(k catalog.Key, in optimistic.KeyInfo, moved bool, now time.Time) (time.Time, bool) {
 	switch {
-	case !in.Exists && !in.Unreachable && !k.SyncedAt.IsZero():
+	case moved, !in.Exists && !in.Unreachable && !k.SyncedAt.IsZero():
 		return now.Add(s.maxLease), true
 	case in.HeldUntil.After(now) && in.HeldUntil.After(k.QuarantineUntil):
 		return in.HeldUntil, true
@@ -215,7 +257,7 @@ func (s syncer[C]) lostUntil(k catalog.Key, in optimistic.KeyInfo, now time.Time
 
 // first reports whether k has not reached this store before.
 func (s syncer[C]) first(k catalog.Key) bool {
-	return k.SyncedAt.IsZero() || k.SyncedStore != s.storeID
+	return k.SyncedAt.IsZero() || k.SyncedStore != s.ids.ID()
 }
 
 // syncAll is sync for every key of keys, whose store state is infos: those
@@ -235,7 +277,11 @@ func (s syncer[C]) syncAll(ctx context.Context, keys []catalog.Key, infos []opti
 		down          error
 	)
 	for i, k := range keys {
-		_, lost := s.lostUntil(k, infos[i], now)
+		moved, err := s.moved(ctx, k, infos[i])
+		if err != nil {
+			return len(synced), err
+		}
+		_, lost := s.lostUntil(k, infos[i], moved, now)
 		switch {
 		case infos[i].Unreachable:
 			skipped, down = append(skipped, k.ID), cmp.Or(down, fmt.Errorf("%w: %w: key %s", optimistic.ErrStore, optimistic.ErrUnreachable, k.ID))
@@ -274,7 +320,7 @@ func (s syncer[C]) syncAll(ctx context.Context, keys []catalog.Key, infos []opti
 	if err := s.settleAll(ctx, synced); err != nil {
 		return len(synced), err
 	}
-	if err := s.catalog.MarkSynced(ctx, s.storeID, now, first...); err != nil && !errors.Is(err, catalog.ErrNotFound) {
+	if err := s.catalog.MarkSynced(ctx, s.ids.ID(), now, first...); err != nil && !errors.Is(err, catalog.ErrNotFound) {
 		return len(synced), catalogErr(ctx, "mark synced", err)
 	}
 	return len(synced), nil

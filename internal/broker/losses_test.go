@@ -99,7 +99,7 @@ func TestNewStoreHoldsBack(t *testing.T) {
 	held := allocate(t, e.broker(e.cat, e.store), req("default"))
 	var logs lockedBuffer
 	opts := &broker.Options{
-		Requests: e.requests, Logger: slog.New(slog.NewTextHandler(&logs, nil)), StoreID: "another-redis",
+		Requests: e.requests, Logger: slog.New(slog.NewTextHandler(&logs, nil)), StoreID: broker.FixedStoreID("another-redis"),
 		MaxLease: time.Hour, Losses: broker.NewLosses(),
 	}
 	moved := broker.New(e.cat, e.store, opts)

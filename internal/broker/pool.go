@@ -215,7 +215,8 @@ func (p *poolRun) rank(ctx context.Context, cands []catalog.Key) ([]string, map[
 	for _, in := range infos {
 		live[in.ID] = in
 		rc = append(rc, candidate(byID[in.ID], in))
-		if _, lost := p.lostUntil(byID[in.ID], in, now); lost && in.Exists {
+		// A key the catalog names another store's is confirm's to hold.
+		if _, lost := p.lostUntil(byID[in.ID], in, false, now); lost && in.Exists {
 			p.mirror(ctx, byID[in.ID], in)
 		}
 	}
@@ -471,6 +472,14 @@ func (p *poolRun) confirm(ctx context.Context, lease optimistic.Lease) (bool, er
 		p.align(ctx, lease.KeyID, k, err == nil)
 		return false, nil
 	}
+	if moved, err := p.moved(ctx, k, optimistic.KeyInfo{ID: k.ID, Exists: true}); moved || err != nil {
+		// Another lease store synced the key since this one did (or this
+		// store's id could not be read to tell): this store's view of it
+		// knows nothing of that store's grants.
+		p.giveBack(ctx, lease, "synced to another lease store since")
+		p.holdMoved(ctx, k)
+		return false, nil
+	}
 	// A request that resolved its model from a recent snapshot checks the
 	// alias on the snapshot Get made current (no read of its own, unless
 	// this process wrote since; if that read fails the grant stands: the
@@ -493,6 +502,21 @@ func (p *poolRun) giveBack(ctx context.Context, lease optimistic.Lease, reason s
 	defer cancel()
 	err := p.Release(ctx, lease.LeaseRef)
 	p.log.InfoContext(ctx, "grant given back", "key_id", lease.KeyID, "lease_id", lease.LeaseID, "reason", reason, "release_err", err)
+}
+
+// holdMoved resyncs k, which the catalog says another lease store synced
+// last, even if the request's context has ended: k is held back.
+func (p *poolRun) holdMoved(ctx context.Context, k catalog.Key) {
+	ctx, cancel := detach(ctx)
+	defer cancel()
+	synced, err := p.resync(ctx, k)
+	if err != nil {
+		p.log.WarnContext(ctx, "hold back a key another lease store served", "key_id", k.ID, "err", err)
+		return
+	}
+	if synced.QuarantineUntil.After(time.Now()) {
+		p.heldBack(synced.QuarantineUntil)
+	}
 }
 
 // align makes the store follow the catalog for a key it should not have

@@ -97,6 +97,12 @@ func (s Schema) RequestByLease(leaseID string) string {
 // server's.
 func (s Schema) Probe(tag string) string { return s.Prefix + ":probe:{" + tag + "}" }
 
+// StoreID is the string holding the store's id, written once (SET NX,
+// no expiry) by the service, which names the store by it in its catalog.
+// Its hash tag is its own, so on a cluster it lives on one slot, whose
+// master must answer when an instance starts.
+func (s Schema) StoreID() string { return s.Prefix + ":{store-id}" }
+
 // Field names of the key HASH and the lease record HASH. The Lua scripts
 // of bench/baseline spell the same names.
 const (

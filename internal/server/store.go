@@ -44,9 +44,10 @@ var errBadURL = errors.New("not a valid Redis URL, want redis://[user:password@]
 // leaseStore is the active lease store and its request log.
 type leaseStore struct {
 	name string
-	// id names this store in the catalog's record of synced keys: the
-	// same Redis (or file) again is the same store, whatever it lost.
-	id       string
+	// id names this store in the catalog's record of synced keys: the id
+	// the store keeps (a Redis key, a row of the file), and the name
+	// releases before it derived from the store's address.
+	id       *broker.StoreID
 	leases   optimistic.LeaseStore
 	requests broker.RequestLog
 	// nodes is the last check of the store's servers (see nodeWatch).
@@ -67,12 +68,17 @@ func openStore(ctx context.Context, cfg Config) (leaseStore, error) {
 			_ = s.Close()
 			return leaseStore{}, err
 		}
+		id, err := broker.NewStoreID(ctx, s, cfg.Logger, legacySQLiteID, unnamedStore)
+		if err != nil {
+			_ = s.Close()
+			return leaseStore{}, err
+		}
 		w := watchNodes(s, 0, cfg.Logger) // every DefaultClusterRefresh
-		return leaseStore{name: "sqlite", id: "sqlite", leases: s, requests: requests, nodes: w.Nodes,
+		return leaseStore{name: "sqlite", id: id, leases: s, requests: requests, nodes: w.Nodes,
 			close: func() { w.stop(); _ = s.Close() }}, nil
 	}
 	from := cmp.Or(cfg.RedisURLFrom, "--redis")
-	rdb, id, err := redisClient(cfg.RedisURL, cfg.RedisCluster)
+	rdb, legacyID, err := redisClient(cfg.RedisURL, cfg.RedisCluster)
 	if err != nil {
 		return leaseStore{}, fmt.Errorf("%s: %w", from, err)
 	}
@@ -95,6 +101,11 @@ func openStore(ctx context.Context, cfg Config) (leaseStore, error) {
 	}
 	// The request log lives beside the leases, under the store's prefix.
 	requests, err := requestlog.NewRedis(rdb, rs.DefaultPrefix)
+	if err != nil {
+		closeClient()
+		return leaseStore{}, err
+	}
+	id, err := broker.NewStoreID(ctx, newRedisIDs(rdb, rs.DefaultPrefix), cfg.Logger, legacyID, unnamedStore)
 	if err != nil {
 		closeClient()
 		return leaseStore{}, err
@@ -126,7 +137,8 @@ func pingErr(from string, rdb redis.UniversalClient, err error) error {
 }
 
 // redisClient returns a client of the Redis at raw, bounded as the
-// constants above say, and the store's identity.
+// constants above say, and the name releases before store ids gave the
+// store (see legacy IDs below).
 func redisClient(raw string, cluster bool) (redis.UniversalClient, string, error) {
 	if isSentinelURL(raw) {
 		if cluster {
@@ -164,6 +176,23 @@ func bound(ctxTimeout *bool, dial, read, write, pool *time.Duration, retries, di
 	*dialAttempts = cmp.Or(*dialAttempts, redisDialAttempts)
 }
 
+// legacySQLiteID is the name releases before store ids gave the SQLite
+// store. The catalogs that hold it kept the store in their own file, as
+// this release does: it names this store.
+const legacySQLiteID = "sqlite"
+
+// unnamedStore is the store of a key synced by a release that recorded
+// when but not where: taken for this store, as that release did.
+const unnamedStore = ""
+
+// A release before store ids named a Redis store by its address, so a
+// catalog may still mark keys with such a name. The Redis at the same
+// address (as this instance spells it) counts as this store, so an
+// upgrade holds no key back, and the first sync marks every key with the
+// store's own id. (Two spellings of one address were two stores then: a
+// key the other spelling marked last is held back once after the
+// upgrade.)
+//
 // redisID names a Redis by its address and database as parsed, however
 // the URL spells them (a default port or database, client_name, timeouts),
 // and without credentials: rotating a password is no move to another

@@ -56,4 +56,12 @@ CREATE TABLE IF NOT EXISTS lease_probe (
 	at INTEGER NOT NULL
 );
 `},
+	// lease_meta holds facts about the store itself, by name: "store_id"
+	// names it in the catalog's records of synced keys (see EnsureID).
+	{`
+CREATE TABLE IF NOT EXISTS lease_meta (
+	name  TEXT PRIMARY KEY,
+	value TEXT NOT NULL
+);
+`},
 }}

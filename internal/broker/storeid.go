@@ -1,0 +1,148 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// IDStore is where a lease store keeps its own id, written once: a Redis
+// key under the store's prefix, a row of the SQLite store's file. An id
+// kept in the store names it however it is reached (a hostname or an
+// address), tells two stores apart even if both are files, and goes with
+// the store's data when the store loses it.
+type IDStore interface {
+	// EnsureID makes id the store's id unless it has one, and returns the
+	// id it has and whether it wrote id. A store that has an id is only
+	// read. On failure nothing is written.
+	EnsureID(ctx context.Context, id string) (string, bool, error)
+}
+
+// rereadEvery bounds how often a StoreID reads its store's id again.
+const rereadEvery = time.Second
+
+// StoreID is the lease store's identity as the catalog's records of
+// synced keys name it (catalog.Key.SyncedStore): the id the store keeps
+// (IDStore), and the other names this process knows it by. It is safe for
+// concurrent use; a Broker and its Admin share one.
+//
+// The instances on one store converge on one id: each reads the store's
+// id again when a key is marked with an id it does not know, and when the
+// store lacks a key (every few seconds at most), writing its own back
+// only if the store has none. One that finds another instance's id there
+// adopts it, and keeps counting its old one as this store's.
+type StoreID struct {
+	ids IDStore // nil: a fixed name, never read again
+	log *slog.Logger
+	// reading lets one read of the store's id run at a time; the callers
+	// that waited for it take its answer.
+	reading chan struct{}
+	state   atomic.Pointer[idState]
+}
+
+// idState is one immutable view of the store's names.
+type idState struct {
+	current string
+	// former holds the store's other names: ids it had before (lost with
+	// its data, or replaced by another instance's), and the name older
+	// releases derived from its address.
+	former map[string]bool
+	// read is when the store's id was last read.
+	read time.Time
+}
+
+// NewStoreID reads the store's id from ids, writing a new random one if
+// it has none, and counts each of legacy as this store's name too: the
+// name a release before store ids gave it (its URL, or "sqlite"), so that
+// an upgrade does not take the keys it synced for another store's. log
+// gets a line when the id is written or changes.
+func NewStoreID(ctx context.Context, ids IDStore, log *slog.Logger, legacy ...string) (*StoreID, error) {
+	if log == nil {
+		log = slog.Default()
+	}
+	id, wrote, err := ids.EnsureID(ctx, uuid.NewString())
+	if err != nil {
+		return nil, fmt.Errorf("read the lease store's id: %w", err)
+	}
+	if id == "" {
+		return nil, errors.New("read the lease store's id: empty")
+	}
+	if wrote {
+		log.InfoContext(ctx, "lease store id written: a new store, or one that lost its data", "store_id", id)
+	} else {
+		log.InfoContext(ctx, "lease store id read", "store_id", id)
+	}
+	s := &StoreID{ids: ids, log: log, reading: make(chan struct{}, 1)}
+	former := make(map[string]bool, len(legacy))
+	for _, l := range legacy {
+		if l != id {
+			former[l] = true
+		}
+	}
+	s.state.Store(&idState{current: id, former: former, read: time.Now()})
+	return s, nil
+}
+
+// fixedStoreID is a StoreID with one name and no store behind it:
+// Options' default.
+func fixedStoreID(id string) *StoreID {
+	s := &StoreID{}
+	s.state.Store(&idState{current: id})
+	return s
+}
+
+// ID returns the name the catalog records for keys synced now.
+func (s *StoreID) ID() string { return s.state.Load().current }
+
+// owns reports whether name names this store, as far as this process
+// knows.
+func (s *StoreID) owns(name string) bool {
+	st := s.state.Load()
+	return name == st.current || st.former[name]
+}
+
+// reread reads the store's id again, unless a read ended less than
+// rereadEvery ago; it writes the current id back if the store has none,
+// and adopts the store's if it holds another. On failure the names stay
+// as they are. A name that became the store's id less than rereadEvery
+// after the last read is taken for another store's until the next read:
+// a key marked with it meanwhile is held back once.
+func (s *StoreID) reread(ctx context.Context) error {
+	if s.ids == nil {
+		return nil
+	}
+	select {
+	case s.reading <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	defer func() { <-s.reading }()
+	st := s.state.Load()
+	if time.Since(st.read) < rereadEvery {
+		return nil
+	}
+	id, wrote, err := s.ids.EnsureID(ctx, st.current)
+	if err != nil {
+		return fmt.Errorf("read the lease store's id: %w", err)
+	}
+	next := &idState{current: st.current, former: st.former, read: time.Now()}
+	switch {
+	case wrote:
+		s.log.WarnContext(ctx, "the lease store had lost its id, with its data (a restart without persistence, a flush, an eviction): written again",
+			"store_id", id)
+	case id != st.current:
+		next.current, next.former = id, map[string]bool{st.current: true}
+		for name := range st.former {
+			next.former[name] = true
+		}
+		s.log.WarnContext(ctx, "the lease store holds another id, written by another instance after it lost its data: adopted",
+			"store_id", id, "former_id", st.current)
+	}
+	s.state.Store(next)
+	return nil
+}
