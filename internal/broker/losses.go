@@ -156,7 +156,7 @@ func (s syncer[C]) mark(ctx context.Context, k catalog.Key, now time.Time) (cata
 	if !s.first(k) {
 		return k, nil
 	}
-	id := s.ids.ID()
+	id, _ := s.ids.ID()
 	err := s.catalog.MarkSynced(ctx, id, now, k.ID)
 	if err != nil && !errors.Is(err, catalog.ErrNotFound) {
 		return k, catalogErr(ctx, "mark synced", err)
@@ -172,8 +172,12 @@ func (s syncer[C]) mark(ctx context.Context, k catalog.Key, now time.Time) (cata
 // data. A key the store lacks has the id read again too, so that a store
 // that lost its data, id and all, gets its id back before an instance
 // starting now writes another; that read failing is no error there, as
-// such a key is held back anyway.
+// such a key is held back anyway. While the id is unread, every sync and
+// grant tries to read it (once a second at most).
 func (s syncer[C]) moved(ctx context.Context, k catalog.Key, in optimistic.KeyInfo) (bool, error) {
+	if _, known := s.ids.ID(); !known && s.ids.reread(ctx) != nil {
+		return false, nil // unread still: every name is this store's
+	}
 	if k.SyncedAt.IsZero() || in.Unreachable || (in.Exists && s.ids.owns(k.SyncedStore)) {
 		return false, nil
 	}
@@ -255,9 +259,11 @@ func (s syncer[C]) lostUntil(k catalog.Key, in optimistic.KeyInfo, moved bool, n
 	return time.Time{}, false
 }
 
-// first reports whether k has not reached this store before.
+// first reports whether k has not reached this store before, as far as
+// this process can tell: while the store's id is unread, no key has.
 func (s syncer[C]) first(k catalog.Key) bool {
-	return k.SyncedAt.IsZero() || k.SyncedStore != s.ids.ID()
+	id, known := s.ids.ID()
+	return known && (k.SyncedAt.IsZero() || k.SyncedStore != id)
 }
 
 // syncAll is sync for every key of keys, whose store state is infos: those
@@ -320,7 +326,8 @@ func (s syncer[C]) syncAll(ctx context.Context, keys []catalog.Key, infos []opti
 	if err := s.settleAll(ctx, synced); err != nil {
 		return len(synced), err
 	}
-	if err := s.catalog.MarkSynced(ctx, s.ids.ID(), now, first...); err != nil && !errors.Is(err, catalog.ErrNotFound) {
+	id, _ := s.ids.ID()
+	if err := s.catalog.MarkSynced(ctx, id, now, first...); err != nil && !errors.Is(err, catalog.ErrNotFound) {
 		return len(synced), catalogErr(ctx, "mark synced", err)
 	}
 	return len(synced), nil

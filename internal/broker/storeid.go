@@ -33,9 +33,9 @@ const rereadEvery = time.Second
 //
 // The instances on one store converge on one id: each reads the store's
 // id again when a key is marked with an id it does not know, and when the
-// store lacks a key (every few seconds at most), writing its own back
-// only if the store has none. One that finds another instance's id there
-// adopts it, and keeps counting its old one as this store's.
+// store lacks a key (once a second at most), writing its own back only if
+// the store has none. One that finds another instance's id there adopts
+// it, and keeps counting its old one as this store's.
 type StoreID struct {
 	ids IDStore // nil: a fixed name, never read again
 	log *slog.Logger
@@ -48,11 +48,15 @@ type StoreID struct {
 // idState is one immutable view of the store's names.
 type idState struct {
 	current string
+	// unread: the store's id could not be read yet (on a cluster, the
+	// master of its slot was down at start); current is the id to write
+	// if the store has none.
+	unread bool
 	// former holds the store's other names: ids it had before (lost with
 	// its data, or replaced by another instance's), and the name older
 	// releases derived from its address.
 	former map[string]bool
-	// read is when the store's id was last read.
+	// read is when the store's id was last read, or tried.
 	read time.Time
 }
 
@@ -60,32 +64,27 @@ type idState struct {
 // it has none, and counts each of legacy as this store's name too: the
 // name a release before store ids gave it (its URL, or "sqlite"), so that
 // an upgrade does not take the keys it synced for another store's. log
-// gets a line when the id is written or changes.
-func NewStoreID(ctx context.Context, ids IDStore, log *slog.Logger, legacy ...string) (*StoreID, error) {
+// gets a line when the id is read, written or changes.
+//
+// A store that does not answer (on a Redis Cluster, the master of the
+// id's slot) is no error, so that an instance starts while the others
+// serve: until a later read (tried once a second as keys sync and grant)
+// gets the id, every name counts as this store's, as before store ids,
+// and no key is marked synced.
+func NewStoreID(ctx context.Context, ids IDStore, log *slog.Logger, legacy ...string) *StoreID {
 	if log == nil {
 		log = slog.Default()
 	}
-	id, wrote, err := ids.EnsureID(ctx, uuid.NewString())
-	if err != nil {
-		return nil, fmt.Errorf("read the lease store's id: %w", err)
-	}
-	if id == "" {
-		return nil, errors.New("read the lease store's id: empty")
-	}
-	if wrote {
-		log.InfoContext(ctx, "lease store id written: a new store, or one that lost its data", "store_id", id)
-	} else {
-		log.InfoContext(ctx, "lease store id read", "store_id", id)
-	}
-	s := &StoreID{ids: ids, log: log, reading: make(chan struct{}, 1)}
 	former := make(map[string]bool, len(legacy))
 	for _, l := range legacy {
-		if l != id {
-			former[l] = true
-		}
+		former[l] = true
 	}
-	s.state.Store(&idState{current: id, former: former, read: time.Now()})
-	return s, nil
+	s := &StoreID{ids: ids, log: log, reading: make(chan struct{}, 1)}
+	s.state.Store(&idState{current: uuid.NewString(), unread: true, former: former})
+	if err := s.reread(ctx); err != nil {
+		log.WarnContext(ctx, "lease store id not read: keys another store synced are not held back until it is", "err", err)
+	}
+	return s
 }
 
 // fixedStoreID is a StoreID with one name and no store behind it:
@@ -96,24 +95,28 @@ func fixedStoreID(id string) *StoreID {
 	return s
 }
 
-// ID returns the name the catalog records for keys synced now.
-func (s *StoreID) ID() string { return s.state.Load().current }
-
-// owns reports whether name names this store, as far as this process
-// knows.
-func (s *StoreID) owns(name string) bool {
+// ID returns the name the catalog records for keys synced now, and
+// whether it is known (see NewStoreID).
+func (s *StoreID) ID() (string, bool) {
 	st := s.state.Load()
-	return name == st.current || st.former[name]
+	return st.current, !st.unread
 }
 
-// reread reads the store's id again, unless a read ended less than
-// rereadEvery ago; it writes the current id back if the store has none,
-// and adopts the store's if it holds another. On failure the names stay
-// as they are. A name that became the store's id less than rereadEvery
-// after the last read is taken for another store's until the next read:
-// a key marked with it meanwhile is held back once.
+// owns reports whether name names this store, as far as this process
+// knows: any name does while the store's id is unread.
+func (s *StoreID) owns(name string) bool {
+	st := s.state.Load()
+	return st.unread || name == st.current || st.former[name]
+}
+
+// reread reads the store's id again, unless a read ended (or failed) less
+// than rereadEvery ago; it writes the current id back if the store has
+// none, and adopts the store's if it holds another. On failure the names
+// stay as they are. A name that became the store's id less than
+// rereadEvery after the last read is taken for another store's until the
+// next read: a key marked with it meanwhile is held back once.
 func (s *StoreID) reread(ctx context.Context) error {
-	if s.ids == nil {
+	if s.ids == nil || time.Since(s.state.Load().read) < rereadEvery {
 		return nil
 	}
 	select {
@@ -126,23 +129,33 @@ func (s *StoreID) reread(ctx context.Context) error {
 	if time.Since(st.read) < rereadEvery {
 		return nil
 	}
+	next := *st
+	next.read = time.Now()
 	id, wrote, err := s.ids.EnsureID(ctx, st.current)
+	if err == nil && id == "" {
+		err = errors.New("empty")
+	}
 	if err != nil {
+		s.state.Store(&next)
 		return fmt.Errorf("read the lease store's id: %w", err)
 	}
-	next := &idState{current: st.current, former: st.former, read: time.Now()}
 	switch {
+	case st.unread && wrote:
+		s.log.InfoContext(ctx, "lease store id written: a new store, or one that lost its data", "store_id", id)
+	case st.unread:
+		s.log.InfoContext(ctx, "lease store id read", "store_id", id)
 	case wrote:
 		s.log.WarnContext(ctx, "the lease store had lost its id, with its data (a restart without persistence, a flush, an eviction): written again",
 			"store_id", id)
 	case id != st.current:
-		next.current, next.former = id, map[string]bool{st.current: true}
+		s.log.WarnContext(ctx, "the lease store holds another id, written by another instance after it lost its data: adopted",
+			"store_id", id, "former_id", st.current)
+		next.former = map[string]bool{st.current: true}
 		for name := range st.former {
 			next.former[name] = true
 		}
-		s.log.WarnContext(ctx, "the lease store holds another id, written by another instance after it lost its data: adopted",
-			"store_id", id, "former_id", st.current)
 	}
-	s.state.Store(next)
+	next.current, next.unread = id, false
+	s.state.Store(&next)
 	return nil
 }

@@ -1,10 +1,13 @@
 package broker_test
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -35,8 +38,7 @@ func newSQLiteStore(t *testing.T, c *catalog.SQL, maxLease time.Duration, log *s
 	require.NoError(t, err)
 	requests, err := requestlog.NewSQLite(t.Context(), db)
 	require.NoError(t, err)
-	id, err := broker.NewStoreID(t.Context(), s, log)
-	require.NoError(t, err)
+	id := broker.NewStoreID(t.Context(), s, log)
 	opts := &broker.Options{Requests: requests, Logger: log, MaxLease: maxLease, Losses: broker.NewLosses(), StoreID: id}
 	b := broker.New(cache(t, c), s, opts)
 	t.Cleanup(func() { b.Close(t.Context()) })
@@ -59,7 +61,9 @@ func TestTwoSQLiteStoresHoldAMovedKey(t *testing.T) {
 	log := slog.New(slog.NewTextHandler(&logs, nil))
 	const maxLease = 300 * time.Millisecond
 	stores := []sqliteStore{newSQLiteStore(t, c, maxLease, log), newSQLiteStore(t, c, maxLease, log)}
-	require.NotEqual(t, stores[0].id.ID(), stores[1].id.ID(), "two files, two ids")
+	a, _ := stores[0].id.ID()
+	b, _ := stores[1].id.ID()
+	require.NotEqual(t, a, b, "two files, two ids")
 	_, err = stores[0].admin.Put(t.Context(), key("a", "default", 1))
 	require.NoError(t, err)
 
@@ -98,6 +102,68 @@ func TestTwoSQLiteStoresHoldAMovedKey(t *testing.T) {
 	require.Contains(t, logs.String(), "served by another lease store")
 	k, err := c.Key(t.Context(), "a")
 	require.NoError(t, err)
-	require.True(t, k.SyncedStore == stores[0].id.ID() || k.SyncedStore == stores[1].id.ID(), k.SyncedStore)
+	require.True(t, k.SyncedStore == a || k.SyncedStore == b, k.SyncedStore)
 	require.False(t, strings.Contains(logs.String(), "adopted"), "neither took the other's id")
+}
+
+// downIDs is a store whose id cannot be read while down is set, as on a
+// Redis Cluster whose id's master is down.
+type downIDs struct {
+	broker.IDStore
+	down atomic.Bool
+}
+
+func (d *downIDs) EnsureID(ctx context.Context, id string) (string, bool, error) {
+	if d.down.Load() {
+		return "", false, fmt.Errorf("%w: %w: the id's server is down", optimistic.ErrStore, optimistic.ErrUnreachable)
+	}
+	return d.IDStore.EnsureID(ctx, id)
+}
+
+// A store whose id cannot be read at start still serves: while the id is
+// unread, a key another store synced counts as this store's (as before
+// store ids) and no key is marked synced; once the id answers, a grant
+// reads it and the keys are marked with it.
+func TestUnreadStoreIDServes(t *testing.T) {
+	e := newEnv(t, key("a", "default", 1))
+	_, err := e.cat.SQL.Put(t.Context(), key("b", "default", 1))
+	require.NoError(t, err)
+	ids := &downIDs{IDStore: e.store}
+	ids.down.Store(true)
+	var logs lockedBuffer
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+	id := broker.NewStoreID(t.Context(), ids, log, "") // "": newEnv synced "a" unnamed
+	_, known := id.ID()
+	require.False(t, known)
+	require.Contains(t, logs.String(), "lease store id not read")
+	b := broker.New(e.cat, e.store, &broker.Options{Requests: e.requests, Logger: log, StoreID: id})
+	t.Cleanup(func() { b.Close(t.Context()) })
+	r := req("default")
+	use := func() {
+		g, err := b.Allocate(t.Context(), r)
+		require.NoError(t, err)
+		require.NoError(t, b.Release(t.Context(), g.LeaseRef))
+	}
+	for range 4 {
+		use()
+	}
+	for _, k := range []string{"a", "b"} {
+		require.True(t, e.get(t, k).QuarantineUntil.IsZero(), "%s: not held back", k)
+	}
+	require.True(t, e.get(t, "b").SyncedAt.IsZero(), "not marked while the id is unread")
+
+	ids.down.Store(false)
+	require.Eventually(t, func() bool {
+		use()
+		_, known := id.ID()
+		return known
+	}, 5*time.Second, 100*time.Millisecond)
+	want, _ := id.ID()
+	admin := broker.NewAdmin(e.cat, e.store, &broker.Options{Logger: log, StoreID: id})
+	_, err = admin.Sync(t.Context())
+	require.NoError(t, err)
+	for _, k := range []string{"a", "b"} {
+		require.Equal(t, want, e.get(t, k).SyncedStore, k)
+		require.True(t, e.get(t, k).QuarantineUntil.IsZero(), k)
+	}
 }

@@ -68,11 +68,7 @@ func openStore(ctx context.Context, cfg Config) (leaseStore, error) {
 			_ = s.Close()
 			return leaseStore{}, err
 		}
-		id, err := broker.NewStoreID(ctx, s, cfg.Logger, legacySQLiteID, unnamedStore)
-		if err != nil {
-			_ = s.Close()
-			return leaseStore{}, err
-		}
+		id := broker.NewStoreID(ctx, s, cfg.Logger, legacySQLiteID, unnamedStore)
 		w := watchNodes(s, 0, cfg.Logger) // every DefaultClusterRefresh
 		return leaseStore{name: "sqlite", id: id, leases: s, requests: requests, nodes: w.Nodes,
 			close: func() { w.stop(); _ = s.Close() }}, nil
@@ -105,11 +101,7 @@ func openStore(ctx context.Context, cfg Config) (leaseStore, error) {
 		closeClient()
 		return leaseStore{}, err
 	}
-	id, err := broker.NewStoreID(ctx, newRedisIDs(rdb, rs.DefaultPrefix), cfg.Logger, legacyID, unnamedStore)
-	if err != nil {
-		closeClient()
-		return leaseStore{}, err
-	}
+	id := broker.NewStoreID(ctx, newRedisIDs(rdb, rs.DefaultPrefix), cfg.Logger, legacyID, unnamedStore)
 	w := watchNodes(s, cfg.RedisClusterRefresh, cfg.Logger)
 	return leaseStore{name: "redis", id: id, leases: s, requests: requests, nodes: w.Nodes,
 		close: func() { w.stop(); closeClient() }}, nil
