@@ -36,7 +36,8 @@ type Queue struct {
 }
 
 // Place is one caller's place in a Queue, on the keys it waits for. It is
-// used by one goroutine (Wait, Retry, Leave); the Queue wakes it from any.
+// used by one goroutine (Wait, Retry, Leave); the Queue wakes it, and End
+// ends it, from any.
 type Place struct {
 	q    *Queue
 	keys []string
@@ -437,8 +438,13 @@ func (p *Place) Retry(ctx context.Context, until time.Time, try func(context.Con
 		last error
 	)
 	ctx = context.WithValue(WithWaiting(ctx), placeKey{}, p)
-	for wait := p.Behind(); ; wait = true {
+	// An ended place tries once, behind others or not, and then waits no
+	// more.
+	for wait := p.Behind() && p.endedBy() == nil; ; wait = true {
 		if wait {
+			if cause := p.endedBy(); cause != nil {
+				return fmt.Errorf("optimistic: waiting for a free slot: %w", cause)
+			}
 			woken, err := p.wait(ctx, p.next(full, until))
 			if err != nil {
 				return fmt.Errorf("optimistic: waiting for a free slot: %w", err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -236,18 +237,24 @@ func TestPlaceEnd(t *testing.T) {
 		p := q.Join([]string{"k"})
 		defer p.Leave()
 		tried := make(chan struct{}, 10)
+		var ended atomic.Bool
+		var triedAfter atomic.Int32
 		done := retry(p, func(context.Context) error {
+			if ended.Load() {
+				triedAfter.Add(1)
+			}
 			tried <- struct{}{}
 			return &CapacityError{}
 		})
 		<-tried
 		waitParked(t, p)
+		ended.Store(true)
 		p.End(stopping)
 		p.End(errors.New("a second cause is dropped"))
 		err := answer(t, done)
 		require.ErrorIs(t, err, stopping)
 		require.NotErrorIs(t, err, ErrNoCapacity)
-		require.Len(t, tried, 0, "no try after End")
+		require.Zero(t, triedAfter.Load(), "no try after End")
 		require.ErrorIs(t, p.Wait(ctx, time.Now().Add(time.Minute)), stopping, "no wait after End")
 	})
 	t.Run("during a try", func(t *testing.T) {
@@ -265,6 +272,30 @@ func TestPlaceEnd(t *testing.T) {
 			return nil
 		}))
 		require.NoError(t, err, "the try granted: the grant stands")
+	})
+	t.Run("ended before it starts, behind a caller in line", func(t *testing.T) {
+		ahead := q.Join([]string{"k"})
+		defer ahead.Leave()
+		park(ahead)
+		for _, full := range []bool{false, true} {
+			p := q.Join([]string{"k"})
+			p.End(stopping)
+			tries := 0
+			err := answer(t, retry(p, func(context.Context) error {
+				tries++
+				if full {
+					return &CapacityError{}
+				}
+				return nil
+			}))
+			p.Leave()
+			require.Equal(t, 1, tries, "one try, then no wait")
+			if full {
+				require.ErrorIs(t, err, stopping, "its one try found no slot")
+			} else {
+				require.NoError(t, err, "its one try granted")
+			}
+		}
 	})
 	t.Run("a slot being handed over", func(t *testing.T) {
 		p := q.Join([]string{"k"})

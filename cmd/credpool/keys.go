@@ -374,10 +374,12 @@ func (o output) keys(keys []client.Key) error {
 		return json.NewEncoder(o.w).Encode(keys)
 	}
 	tw := tabwriter.NewWriter(o.w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tPROVIDER\tPOOL\tSTATUS\tHELD_UNTIL\tLIMIT\tLIVE\tSUCCESSES\tERRORS\tMODELS")
+	// New columns go before MODELS, which holds spaces and stays last,
+	// so that a script reading columns by position keeps working.
+	fmt.Fprintln(tw, "ID\tPROVIDER\tPOOL\tSTATUS\tLIMIT\tLIVE\tSUCCESSES\tERRORS\tHELD_UNTIL\tMODELS")
 	for _, k := range keys {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%s\n", k.ID, k.Provider, k.Pool, k.Status, heldUntil(k),
-			k.MaxConcurrentUses, k.LiveLeases, k.Successes, k.Errors, strings.Join(k.Models, " "))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%s\t%s\n", k.ID, k.Provider, k.Pool, k.Status,
+			k.MaxConcurrentUses, k.LiveLeases, k.Successes, k.Errors, heldUntil(k), strings.Join(k.Models, " "))
 	}
 	return tw.Flush()
 }

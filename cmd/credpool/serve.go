@@ -214,7 +214,9 @@ func serve(args []string) error {
 func run(ctx context.Context, cfg serveConfig, log *slog.Logger, logDropped func() int64) error {
 	startFailed := func(err error) error {
 		if name := signalName(ctx); name != "" {
-			log.Info("stopped while starting: not serving", "signal", name)
+			// What the start was doing says why it took long enough
+			// to be stopped (a silent store, a locked migration).
+			log.Info("stopped while starting: not serving", "signal", name, "during", err.Error())
 			return nil
 		}
 		return err

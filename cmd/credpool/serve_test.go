@@ -413,8 +413,8 @@ func TestServeStopsCleanlyWhileStarting(t *testing.T) {
 	require.NotEmpty(t, lines)
 	require.Contains(t, lines[len(lines)-1], `"msg":"credpool stopped","signal":"SIGTERM"`, "the last line:\n%s", strings.Join(lines, "\n"))
 	require.True(t, slices.ContainsFunc(lines, func(l string) bool {
-		return strings.Contains(l, `"msg":"stopped while starting: not serving","signal":"SIGTERM"`)
-	}), "says it stopped while starting:\n%s", strings.Join(lines, "\n"))
+		return strings.Contains(l, `"msg":"stopped while starting: not serving","signal":"SIGTERM","during":"redis at --redis`)
+	}), "says it stopped while starting, and what the start waited on:\n%s", strings.Join(lines, "\n"))
 	for _, l := range lines {
 		require.NotContains(t, l, "credpool serving")
 		require.NotContains(t, l, "credpool: ", "no error")

@@ -19,7 +19,6 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/credpool/credpool/internal/retry"
-	"github.com/credpool/credpool/optimistic"
 )
 
 // MaxConns bounds the connections one Open keeps. The hot path reads one
@@ -130,17 +129,6 @@ func (db *DB) Read(ctx context.Context, p retry.Policy, fn func(*sql.Tx) error) 
 func Conflict(err error) bool {
 	var pe *pgconn.PgError
 	return errors.As(err, &pe) && strings.HasPrefix(pe.Code, "40")
-}
-
-// Classify is optimistic.Classify for a PostgreSQL error, as
-// sqlitex.Classify is for SQLite: a lost race that outlived the retries is
-// optimistic.ErrContended, anything else (a refused connection, a
-// constraint, a dead server) optimistic.ErrStore. nil stays nil.
-func Classify(ctx context.Context, op string, err error) error {
-	if Conflict(err) {
-		err = fmt.Errorf("%w: %w", optimistic.ErrConflict, err)
-	}
-	return optimistic.Classify(ctx, op, err)
 }
 
 func inTx(ctx context.Context, db *sql.DB, opts *sql.TxOptions, fn func(*sql.Tx) error) error {

@@ -1,9 +1,7 @@
 package postgres_test
 
 import (
-	"context"
 	"database/sql"
-	"errors"
 	"net"
 	"os"
 	"testing"
@@ -12,7 +10,6 @@ import (
 
 	"github.com/credpool/credpool/internal/postgres"
 	"github.com/credpool/credpool/internal/retry"
-	"github.com/credpool/credpool/optimistic"
 	"github.com/credpool/credpool/test/pgtest"
 )
 
@@ -89,8 +86,6 @@ func TestWriteRetriesLostRaces(t *testing.T) {
 	}
 	err = race()
 	require.True(t, postgres.Conflict(err), "got %v", err)
-	require.ErrorIs(t, postgres.Classify(ctx, "op", err), optimistic.ErrContended)
-	require.ErrorIs(t, postgres.Classify(ctx, "op", errors.New("broken")), optimistic.ErrStore)
 
 	tries := 0
 	err = db.Write(ctx, retry.Policy{}, func(tx *sql.Tx) error {
@@ -103,11 +98,4 @@ func TestWriteRetriesLostRaces(t *testing.T) {
 	})
 	require.NoError(t, err)
 	require.Equal(t, 2, tries)
-}
-
-// A canceled context keeps its cause through Classify.
-func TestClassifyCanceled(t *testing.T) {
-	ctx, cancel := context.WithCancel(t.Context())
-	cancel()
-	require.ErrorIs(t, postgres.Classify(ctx, "op", ctx.Err()), context.Canceled)
 }
