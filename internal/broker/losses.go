@@ -156,7 +156,7 @@ func (s syncer[C]) mark(ctx context.Context, k catalog.Key, now time.Time) (cata
 	if !s.first(k) {
 		return k, nil
 	}
-	id, _ := s.ids.ID()
+	id := s.ids.mark()
 	err := s.catalog.MarkSynced(ctx, id, now, k.ID)
 	if err != nil && !errors.Is(err, catalog.ErrNotFound) {
 		return k, catalogErr(ctx, "mark synced", err)
@@ -260,10 +260,11 @@ func (s syncer[C]) lostUntil(k catalog.Key, in optimistic.KeyInfo, moved bool, n
 }
 
 // first reports whether k has not reached this store before, as far as
-// this process can tell: while the store's id is unread, no key has.
+// this process can tell: while the store's id is unread, only a key that
+// reached no store (marked then with the empty name, see StoreID.mark).
 func (s syncer[C]) first(k catalog.Key) bool {
 	id, known := s.ids.ID()
-	return known && (k.SyncedAt.IsZero() || k.SyncedStore != id)
+	return k.SyncedAt.IsZero() || (known && k.SyncedStore != id)
 }
 
 // syncAll is sync for every key of keys, whose store state is infos: those
@@ -326,8 +327,7 @@ func (s syncer[C]) syncAll(ctx context.Context, keys []catalog.Key, infos []opti
 	if err := s.settleAll(ctx, synced); err != nil {
 		return len(synced), err
 	}
-	id, _ := s.ids.ID()
-	if err := s.catalog.MarkSynced(ctx, id, now, first...); err != nil && !errors.Is(err, catalog.ErrNotFound) {
+	if err := s.catalog.MarkSynced(ctx, s.ids.mark(), now, first...); err != nil && !errors.Is(err, catalog.ErrNotFound) {
 		return len(synced), catalogErr(ctx, "mark synced", err)
 	}
 	return len(synced), nil

@@ -40,6 +40,10 @@ type poolRun struct {
 	// does not open here, the first time: with it, "full" is this
 	// instance's failure.
 	unopened error
+	// unread is why the re-check gave back a grant of a key it could not
+	// tell was this store's (the store's id did not answer), the first
+	// time: with it, "full" is the store's failure.
+	unread error
 }
 
 // heldBack notes a key held back until at (zero: not by itself).
@@ -157,7 +161,7 @@ func (p *poolRun) allocate(ctx context.Context, cands []catalog.Key) error {
 			return err
 		}
 		if skipped == nil {
-			skipped = p.unopened
+			skipped = cmp.Or(p.unopened, p.unread)
 		}
 		order = slices.DeleteFunc(order, func(id string) bool { return id == lease.KeyID })
 	}
@@ -472,10 +476,18 @@ func (p *poolRun) confirm(ctx context.Context, lease optimistic.Lease) (bool, er
 		p.align(ctx, lease.KeyID, k, err == nil)
 		return false, nil
 	}
-	if moved, err := p.moved(ctx, k, optimistic.KeyInfo{ID: k.ID, Exists: true}); moved || err != nil {
-		// Another lease store synced the key since this one did (or this
-		// store's id could not be read to tell): this store's view of it
-		// knows nothing of that store's grants.
+	switch moved, err := p.moved(ctx, k, optimistic.KeyInfo{ID: k.ID, Exists: true}); {
+	case err != nil:
+		// The key is marked with a name this process does not know, and
+		// the store's id, which may have become that name, did not answer.
+		p.giveBack(ctx, lease, "lease store id unread")
+		if p.unread == nil {
+			p.unread = err
+		}
+		return false, nil
+	case moved:
+		// Another lease store synced the key since this one did: this
+		// store's view of it knows nothing of that store's grants.
 		p.giveBack(ctx, lease, "synced to another lease store since")
 		p.holdMoved(ctx, k)
 		return false, nil

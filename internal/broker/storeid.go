@@ -2,13 +2,14 @@ package broker
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/credpool/credpool/optimistic"
 )
 
 // IDStore is where a lease store keeps its own id, written once: a Redis
@@ -75,7 +76,9 @@ func NewStoreID(ctx context.Context, ids IDStore, log *slog.Logger, legacy ...st
 	if log == nil {
 		log = slog.Default()
 	}
-	former := make(map[string]bool, len(legacy))
+	// The empty name marks keys synced while no instance had read the
+	// id (see mark), and by releases that recorded when, not where.
+	former := map[string]bool{"": true}
 	for _, l := range legacy {
 		former[l] = true
 	}
@@ -95,11 +98,22 @@ func fixedStoreID(id string) *StoreID {
 	return s
 }
 
-// ID returns the name the catalog records for keys synced now, and
-// whether it is known (see NewStoreID).
+// ID returns the store's id, and whether it is known (see NewStoreID).
 func (s *StoreID) ID() (string, bool) {
 	st := s.state.Load()
 	return st.current, !st.unread
+}
+
+// mark returns the name the catalog records for keys synced now: the
+// store's id, or, while it is unread, the empty name, which every
+// instance counts as its store's (a loss of the key is still noticed: it
+// reached a store), and which the first instance to know the id marks
+// again with it.
+func (s *StoreID) mark() string {
+	if id, known := s.ID(); known {
+		return id
+	}
+	return ""
 }
 
 // owns reports whether name names this store, as far as this process
@@ -110,30 +124,35 @@ func (s *StoreID) owns(name string) bool {
 }
 
 // reread reads the store's id again, unless a read ended (or failed) less
-// than rereadEvery ago; it writes the current id back if the store has
-// none, and adopts the store's if it holds another. On failure the names
-// stay as they are. A name that became the store's id less than
-// rereadEvery after the last read is taken for another store's until the
-// next read: a key marked with it meanwhile is held back once.
+// than rereadEvery ago, or another is under way: the caller then goes by
+// the names known, and waits for no read (a store that does not answer
+// holds up one request at a time, not each in turn). It writes the
+// current id back if the store has none, and adopts the store's if it
+// holds another. On failure the names stay as they are; a read that
+// ctx cut short counts as none. A name that became the store's id less
+// than rereadEvery after the last read is taken for another store's until
+// the next read: a key marked with it meanwhile is held back once.
 func (s *StoreID) reread(ctx context.Context) error {
 	if s.ids == nil || time.Since(s.state.Load().read) < rereadEvery {
 		return nil
 	}
 	select {
 	case s.reading <- struct{}{}:
-	case <-ctx.Done():
-		return ctx.Err()
+	default:
+		return nil
 	}
 	defer func() { <-s.reading }()
 	st := s.state.Load()
 	if time.Since(st.read) < rereadEvery {
 		return nil
 	}
-	next := *st
-	next.read = time.Now()
 	id, wrote, err := s.ids.EnsureID(ctx, st.current)
+	next := *st
+	if ctx.Err() == nil {
+		next.read = time.Now()
+	}
 	if err == nil && id == "" {
-		err = errors.New("empty")
+		err = fmt.Errorf("%w: an empty id", optimistic.ErrStore)
 	}
 	if err != nil {
 		s.state.Store(&next)

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -122,48 +123,144 @@ func (d *downIDs) EnsureID(ctx context.Context, id string) (string, bool, error)
 
 // A store whose id cannot be read at start still serves: while the id is
 // unread, a key another store synced counts as this store's (as before
-// store ids) and no key is marked synced; once the id answers, a grant
-// reads it and the keys are marked with it.
+// store ids), and a key that reached no store yet is marked with the
+// empty name, so that a loss of it is still noticed; once the id answers,
+// a grant reads it and the keys are marked with it, and a key another
+// store synced is held back.
 func TestUnreadStoreIDServes(t *testing.T) {
-	e := newEnv(t, key("a", "default", 1))
-	_, err := e.cat.SQL.Put(t.Context(), key("b", "default", 1))
+	e := newEnv(t, key("a", "default", 1), key("c", "default", 1))
+	ctx := t.Context()
+	_, err := e.cat.SQL.Put(ctx, key("b", "default", 1))
 	require.NoError(t, err)
+	// c is in this store, and another store synced it since.
+	require.NoError(t, e.cat.SQL.MarkSynced(ctx, "another-store", time.Now(), "c"))
 	ids := &downIDs{IDStore: e.store}
 	ids.down.Store(true)
 	var logs lockedBuffer
 	log := slog.New(slog.NewTextHandler(&logs, nil))
-	id := broker.NewStoreID(t.Context(), ids, log, "") // "": newEnv synced "a" unnamed
+	id := broker.NewStoreID(ctx, ids, log)
 	_, known := id.ID()
 	require.False(t, known)
 	require.Contains(t, logs.String(), "lease store id not read")
 	b := broker.New(e.cat, e.store, &broker.Options{Requests: e.requests, Logger: log, StoreID: id})
-	t.Cleanup(func() { b.Close(t.Context()) })
+	t.Cleanup(func() { b.Close(ctx) })
+	admin := broker.NewAdmin(e.cat, e.store, &broker.Options{Logger: log, StoreID: id})
 	r := req("default")
-	use := func() {
-		g, err := b.Allocate(t.Context(), r)
-		require.NoError(t, err)
-		require.NoError(t, b.Release(t.Context(), g.LeaseRef))
+	use := func() string {
+		g, err := b.Allocate(ctx, r)
+		require.NoError(t, err, logs.String())
+		require.NoError(t, b.Release(ctx, g.LeaseRef))
+		return g.KeyID
 	}
-	for range 4 {
-		use()
+	// Limit 1 each, released at once: the first key in the order grants.
+	// Each key is made the only usable one in turn.
+	only := func(want string) {
+		for _, k := range []string{"a", "b", "c"} {
+			status := optimistic.StatusDisabled
+			if k == want {
+				status = optimistic.StatusAvailable
+			}
+			_, err := admin.Update(ctx, k, catalog.Patch{Status: &status})
+			require.NoError(t, err)
+		}
 	}
-	for _, k := range []string{"a", "b"} {
-		require.True(t, e.get(t, k).QuarantineUntil.IsZero(), "%s: not held back", k)
+	for _, k := range []string{"a", "b", "c"} {
+		only(k)
+		require.Equal(t, k, use())
+		require.True(t, e.get(t, k).QuarantineUntil.IsZero(), "%s: not held back while the id is unread", k)
 	}
-	require.True(t, e.get(t, "b").SyncedAt.IsZero(), "not marked while the id is unread")
+	require.False(t, e.get(t, "b").SyncedAt.IsZero(), "b is marked as having reached a store")
+	require.Equal(t, "", e.get(t, "b").SyncedStore, "with the name every instance counts as its own")
+	require.Equal(t, "another-store", e.get(t, "c").SyncedStore, "c's mark is left alone")
 
 	ids.down.Store(false)
-	require.Eventually(t, func() bool {
+	only("b")
+	for deadline := time.Now().Add(10 * time.Second); ; {
 		use()
-		_, known := id.ID()
-		return known
-	}, 5*time.Second, 100*time.Millisecond)
+		if _, known := id.ID(); known {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "the id was never read")
+		time.Sleep(100 * time.Millisecond)
+	}
 	want, _ := id.ID()
-	admin := broker.NewAdmin(e.cat, e.store, &broker.Options{Logger: log, StoreID: id})
-	_, err = admin.Sync(t.Context())
-	require.NoError(t, err)
+	only("c")
+	_, err = b.Allocate(ctx, r)
+	require.ErrorIs(t, err, optimistic.ErrNoCapacity, "c, another store's, is held back once the id is known")
+	require.False(t, e.get(t, "c").QuarantineUntil.IsZero())
 	for _, k := range []string{"a", "b"} {
 		require.Equal(t, want, e.get(t, k).SyncedStore, k)
 		require.True(t, e.get(t, k).QuarantineUntil.IsZero(), k)
 	}
+}
+
+// A grant of a key marked with a name this process does not know, while
+// the store's id does not answer, is given back as the store's failure
+// (503), not as a full pool (429).
+func TestUnreadStoreIDIsAStoreFailure(t *testing.T) {
+	e := newEnv(t, key("a", "default", 1))
+	ctx := t.Context()
+	ids := &downIDs{IDStore: e.store}
+	id := broker.NewStoreID(ctx, ids, nil)
+	_, known := id.ID()
+	require.True(t, known)
+	b := broker.New(e.cat, e.store, &broker.Options{Requests: e.requests, StoreID: id})
+	t.Cleanup(func() { b.Close(ctx) })
+	g, err := b.Allocate(ctx, req("default"))
+	require.NoError(t, err)
+	require.NoError(t, b.Release(ctx, g.LeaseRef))
+
+	ids.down.Store(true)
+	require.NoError(t, e.cat.SQL.MarkSynced(ctx, "a-new-id", time.Now(), "a"))
+	time.Sleep(broker.RereadEvery) // the last read is old enough to read again
+	_, err = b.Allocate(ctx, req("default"))
+	require.ErrorIs(t, err, optimistic.ErrStore)
+	require.NotErrorIs(t, err, optimistic.ErrNoCapacity)
+	require.Zero(t, e.live(t, "a"), "the grant was given back")
+}
+
+// blockedIDs is a store whose id read holds until release is closed.
+type blockedIDs struct {
+	broker.IDStore
+	reads   atomic.Int32
+	release chan struct{}
+}
+
+func (d *blockedIDs) EnsureID(ctx context.Context, id string) (string, bool, error) {
+	d.reads.Add(1)
+	<-d.release
+	return d.IDStore.EnsureID(ctx, id)
+}
+
+// While one read of the store's id hangs (a silent server), the other
+// allocates go by the names known instead of waiting in turn behind it.
+func TestStoreIDReadHoldsUpOneRequest(t *testing.T) {
+	e := newEnv(t, key("a", "default", 20))
+	ctx := t.Context()
+	ids := &blockedIDs{IDStore: e.store, release: make(chan struct{})}
+	close(ids.release)
+	id := broker.NewStoreID(ctx, ids, nil) // read once, at start
+	ids.release = make(chan struct{})
+	b := broker.New(e.cat, e.store, &broker.Options{Requests: e.requests, StoreID: id})
+	t.Cleanup(func() { b.Close(ctx) })
+	t.Cleanup(sync.OnceFunc(func() { close(ids.release) }))
+	require.NoError(t, e.cat.SQL.MarkSynced(ctx, "a-new-id", time.Now(), "a"))
+	time.Sleep(broker.RereadEvery)
+
+	hung := make(chan error, 1)
+	go func() {
+		_, err := b.Allocate(ctx, req("default"))
+		hung <- err
+	}()
+	require.Eventually(t, func() bool { return ids.reads.Load() == 2 }, 10*time.Second, time.Millisecond,
+		"the first allocate reads the id")
+	for range 5 {
+		bounded, cancel := context.WithTimeout(ctx, 10*time.Second)
+		_, err := b.Allocate(bounded, req("default"))
+		cancel()
+		require.ErrorIs(t, err, optimistic.ErrNoCapacity, "answered while the read hangs: a is another store's as far as known")
+	}
+	require.EqualValues(t, 2, ids.reads.Load(), "one read at a time")
+	ids.release <- struct{}{}
+	require.ErrorIs(t, <-hung, optimistic.ErrNoCapacity, "a-new-id is not the store's id: held back")
 }

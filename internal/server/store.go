@@ -68,7 +68,7 @@ func openStore(ctx context.Context, cfg Config) (leaseStore, error) {
 			_ = s.Close()
 			return leaseStore{}, err
 		}
-		id := broker.NewStoreID(ctx, s, cfg.Logger, legacySQLiteID, unnamedStore)
+		id := broker.NewStoreID(ctx, s, cfg.Logger, legacySQLiteID)
 		w := watchNodes(s, 0, cfg.Logger) // every DefaultClusterRefresh
 		return leaseStore{name: "sqlite", id: id, leases: s, requests: requests, nodes: w.Nodes,
 			close: func() { w.stop(); _ = s.Close() }}, nil
@@ -101,7 +101,7 @@ func openStore(ctx context.Context, cfg Config) (leaseStore, error) {
 		closeClient()
 		return leaseStore{}, err
 	}
-	id := broker.NewStoreID(ctx, newRedisIDs(rdb, rs.DefaultPrefix), cfg.Logger, legacyID, unnamedStore)
+	id := broker.NewStoreID(ctx, newRedisIDs(rdb, rs.DefaultPrefix), cfg.Logger, legacyID)
 	w := watchNodes(s, cfg.RedisClusterRefresh, cfg.Logger)
 	return leaseStore{name: "redis", id: id, leases: s, requests: requests, nodes: w.Nodes,
 		close: func() { w.stop(); closeClient() }}, nil
@@ -172,10 +172,6 @@ func bound(ctxTimeout *bool, dial, read, write, pool *time.Duration, retries, di
 // store. The catalogs that hold it kept the store in their own file, as
 // this release does: it names this store.
 const legacySQLiteID = "sqlite"
-
-// unnamedStore is the store of a key synced by a release that recorded
-// when but not where: taken for this store, as that release did.
-const unnamedStore = ""
 
 // A release before store ids named a Redis store by its address, so a
 // catalog may still mark keys with such a name. The Redis at the same
