@@ -63,6 +63,15 @@ func (b *Broker) renew(ctx context.Context, ref optimistic.LeaseRef, ttl time.Du
 	case revoked(k.Status):
 		return time.Time{}, k, b.revoke(ctx, ref, "key "+string(k.Status))
 	}
+	// Another lease store synced the key since this one granted the lease
+	// (see syncer.moved): it held the key back for as long as a lease
+	// lives, counting this store's leases out, so they end here.
+	switch moved, err := b.moved(ctx, k, optimistic.KeyInfo{ID: k.ID, Exists: true}); {
+	case err != nil:
+		return time.Time{}, k, err
+	case moved:
+		return time.Time{}, k, b.revoke(ctx, ref, "key served by another lease store since")
+	}
 	until, err := b.store.Renew(ctx, ref, ttl)
 	if err != nil {
 		return time.Time{}, k, err

@@ -107,6 +107,32 @@ func TestTwoSQLiteStoresHoldAMovedKey(t *testing.T) {
 	require.False(t, strings.Contains(logs.String(), "adopted"), "neither took the other's id")
 }
 
+// A lease of a key that another store has synced since ends at its next
+// renewal: that store held the key back for as long as a lease lives,
+// counting this one out, and grants it again after.
+func TestRenewOfAKeyAnotherStoreServedIsRevoked(t *testing.T) {
+	db, err := sqlitex.Open(filepath.Join(t.TempDir(), "catalog.db"))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = db.Close() })
+	c, err := catalog.New(t.Context(), db, nil)
+	require.NoError(t, err)
+	const maxLease = time.Minute
+	stores := []sqliteStore{newSQLiteStore(t, c, maxLease, nil), newSQLiteStore(t, c, maxLease, nil)}
+	_, err = stores[0].admin.Put(t.Context(), key("a", "default", 1))
+	require.NoError(t, err)
+	r := req("default")
+	r.TTL = maxLease
+	g, err := stores[0].broker.Allocate(t.Context(), r)
+	require.NoError(t, err)
+	_, err = stores[0].broker.Renew(t.Context(), g.LeaseRef, maxLease)
+	require.NoError(t, err, "renewed while the key is this store's")
+
+	_, err = stores[1].broker.Allocate(t.Context(), r)
+	require.ErrorIs(t, err, optimistic.ErrNoCapacity, "the other store holds the key back")
+	_, err = stores[0].broker.Renew(t.Context(), g.LeaseRef, maxLease)
+	require.ErrorIs(t, err, optimistic.ErrLeaseLost, "the holder stops: the other store will grant the key when its hold ends")
+}
+
 // downIDs is a store whose id cannot be read while down is set, as on a
 // Redis Cluster whose id's master is down.
 type downIDs struct {
