@@ -183,8 +183,9 @@ func (s syncer[C]) moved(ctx context.Context, k catalog.Key, in optimistic.KeyIn
 	}
 	switch err := s.ids.reread(ctx); {
 	case err == nil:
-	case s.ids.owns(k.SyncedStore):
-		s.log.WarnContext(ctx, "the lease store lacks a key it had; its id was not read again", "key_id", k.ID, "err", err)
+	case !in.Exists || s.ids.owns(k.SyncedStore):
+		// A key the store lacks is held back either way.
+		s.log.WarnContext(ctx, "the lease store lacks a key or a name; its id was not read again", "key_id", k.ID, "err", err)
 	default:
 		return false, err
 	}
