@@ -282,19 +282,15 @@ func TestServeOutlivesItsLogReader(t *testing.T) {
 func TestServeSecondSignalStopsAtOnce(t *testing.T) {
 	env := []string{"CREDPOOL_INTERNAL_KEY=" + internalK, "CREDPOOL_ADMIN_KEY=" + adminK, "CREDPOOL_SECRET_KEY=" + secretK}
 	p := startServe(t, env, "--db", filepath.Join(t.TempDir(), "c.db"), "--read-timeout", "60s", "--request-timeout", "60s")
-	slow, err := net.Dial("tcp", p.addr)
-	require.NoError(t, err)
-	defer slow.Close()
 	// Its body's last 99 bytes may take the read timeout's 60 s: the
 	// drain would wait as long.
-	_, err = fmt.Fprintf(slow, "POST /api/internal/allocate-key HTTP/1.1\r\nHost: x\r\nX-Internal-Key: %s\r\nContent-Length: 100\r\n\r\n{", internalK)
-	require.NoError(t, err)
+	slowBody(t, p.addr)
 	time.Sleep(500 * time.Millisecond)
 	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
 	time.Sleep(500 * time.Millisecond)
 	require.NoError(t, p.cmd.Process.Signal(syscall.SIGINT))
 	// Well before the first signal's drain could end.
-	err = p.exit(t, 10*time.Second)
+	err := p.exit(t, 10*time.Second)
 	var ee *exec.ExitError
 	require.ErrorAs(t, err, &ee, "stopped by the second signal")
 }
@@ -626,11 +622,7 @@ func TestServeCutsSlowAndIdleClients(t *testing.T) {
 	env := []string{"CREDPOOL_INTERNAL_KEY=" + internalK, "CREDPOOL_ADMIN_KEY=" + adminK, "CREDPOOL_SECRET_KEY=" + secretK}
 	p := startServe(t, env, "--db", filepath.Join(t.TempDir(), "x.db"), "--read-timeout", "1s", "--idle-timeout", "60s")
 
-	slow, err := net.Dial("tcp", p.addr)
-	require.NoError(t, err)
-	defer slow.Close()
-	_, err = fmt.Fprintf(slow, "POST /api/internal/allocate-key HTTP/1.1\r\nHost: x\r\nX-Internal-Key: %s\r\nContent-Length: 100\r\n\r\n{", internalK)
-	require.NoError(t, err)
+	slow := slowBody(t, p.addr)
 	require.True(t, closedWithin(t, slow, 20*time.Second), "a body that never ends holds the connection")
 
 	p = startServe(t, env, "--db", filepath.Join(t.TempDir(), "y.db"), "--read-timeout", "30s", "--idle-timeout", "1s")
@@ -644,6 +636,18 @@ func TestServeCutsSlowAndIdleClients(t *testing.T) {
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	require.NoError(t, resp.Body.Close())
 	require.True(t, closedWithin(t, idle, 20*time.Second), "an idle keep-alive stays open")
+}
+
+// slowBody sends addr an allocate whose body never ends (1 of its 100
+// bytes), on a connection closed when the test ends, and returns it.
+func slowBody(t *testing.T, addr string) net.Conn {
+	t.Helper()
+	slow, err := net.Dial("tcp", addr)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = slow.Close() })
+	_, err = fmt.Fprintf(slow, "POST /api/internal/allocate-key HTTP/1.1\r\nHost: x\r\nX-Internal-Key: %s\r\nContent-Length: 100\r\n\r\n{", internalK)
+	require.NoError(t, err)
+	return slow
 }
 
 func TestServeRejectsBadTimeouts(t *testing.T) {
