@@ -54,12 +54,7 @@ type env struct {
 // so the store is synced with the catalog.
 func newEnv(t *testing.T, keys ...catalog.Key) *env {
 	t.Helper()
-	path := filepath.Join(t.TempDir(), "credpool.db")
-	db, err := sqlitex.Open(path)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = db.Close() })
-	sql, err := catalog.New(t.Context(), db, nil)
-	require.NoError(t, err)
+	db, sql := newCatalog(t)
 	cat := cache(t, sql)
 	store, err := sqlitestore.New(t.Context(), db, nil)
 	require.NoError(t, err)
@@ -74,6 +69,18 @@ func newEnv(t *testing.T, keys ...catalog.Key) *env {
 		require.NoError(t, err)
 	}
 	return e
+}
+
+// newCatalog opens a fresh file in t.TempDir, closed when the test ends,
+// and returns it with the catalog in it.
+func newCatalog(t *testing.T) (*sqlitex.DB, *catalog.SQL) {
+	t.Helper()
+	db, err := sqlitex.Open(filepath.Join(t.TempDir(), "credpool.db"))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = db.Close() })
+	sql, err := catalog.New(t.Context(), db, nil)
+	require.NoError(t, err)
+	return db, sql
 }
 
 // cache returns a Cache over c, closed when the test ends.
