@@ -278,3 +278,49 @@ func TestRefusedHandoffWakesTheNext(t *testing.T) {
 	require.NoError(t, got.err)
 	require.Less(t, time.Since(start), WaitPoll/2, "left for the poll")
 }
+
+// A slot another process frees while the only caller in line here is
+// being handed a slot (a release claimed its handoff) passes that caller
+// over and finds nobody else to wake. A caller that lines up behind it
+// meanwhile gets that wake-up once the served caller settles, instead of
+// waiting in line for its poll with a slot free.
+func TestWakeUpMissedByAServedCallerGoesOnBehindIt(t *testing.T) {
+	other, s := waitStores(t, false)
+	ctx := t.Context()
+	require.NoError(t, other.SyncKey(ctx, KeyState{ID: "k", Provider: "openai", Pool: "default", Status: StatusAvailable, MaxConcurrentUses: 2}))
+	kept, _, err := other.Allocate(ctx, waitReq(0))
+	require.NoError(t, err)
+	held, w := primed(t, s)
+
+	// A release in s is handing w a slot (as Store.release does).
+	h := s.queue.claim("k", "openai", "default")
+	require.NotNil(t, h)
+
+	// Meanwhile the other process frees its slot: its notice reaches s,
+	// and wakes nobody.
+	s.notes.skipped("k")
+	require.NoError(t, other.Release(ctx, kept.LeaseRef))
+	require.Eventually(t, func() bool { return !skipNoted(s, "k") }, 10*time.Second, time.Millisecond, "the notice arrived")
+
+	start := time.Now()
+	x := make(chan allocated, 1)
+	go func() {
+		l, st, err := s.Allocate(ctx, waitReq(time.Minute))
+		x <- allocated{lease: l, stats: st, err: err}
+	}()
+	// In line behind w.
+	require.Eventually(t, func() bool { return len(x) == 1 || parked(s) == 2 }, 10*time.Second, time.Millisecond)
+
+	// The handoff completes: w is served and leaves.
+	require.NoError(t, s.handOver(ctx, s.rdb.(*redis.Client), held.LeaseRef, h))
+	require.NoError(t, w.result(t).err)
+
+	select {
+	case got := <-x:
+		require.NoError(t, got.err)
+		require.Less(t, time.Since(start), 300*time.Millisecond,
+			"the newcomer waited for its poll with a slot free (waited %v)", got.stats.Waited)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the newcomer was not served")
+	}
+}

@@ -10,8 +10,8 @@ import (
 	"time"
 )
 
-// WaitPoll bounds how long the first caller in line goes without asking
-// the store again: a wake-up that never came (a notice lost with its
+// WaitPoll bounds how long a caller in line goes without asking the
+// store again: a wake-up that never came (a notice lost with its
 // connection, a release in another process of a store that cannot
 // notify, a turn given to a process that had just stopped listening and
 // not passed on) costs at most about this long.
@@ -81,6 +81,12 @@ type handoff struct {
 	provider, pool string
 	ttl            time.Duration
 	claimed        bool // by a release; guarded by Queue.mu
+	// missed is the key of a wake-up that passed the caller over while
+	// claimed and woke nobody (turn if it was a turn): the caller hands
+	// it on once served, to whoever lined up behind it meanwhile.
+	// Guarded by Queue.mu.
+	missed string
+	turn   bool
 	// done is closed once the release that claimed it settled it: lease
 	// is the caller's if ok, else the caller tries the store itself.
 	done  chan struct{}
@@ -138,12 +144,16 @@ func (q *Queue) wakeTurn(keyID string) bool { return q.wake(keyID, true, nil) }
 func (q *Queue) wake(keyID string, turn bool, skip *Place) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	var served *handoff
 	for _, p := range q.lines[keyID] {
 		if p == skip {
 			continue
 		}
 		if p.offer != nil && p.offer.claimed {
 			// A release is handing it a slot.
+			if served == nil {
+				served = p.offer
+			}
 			continue
 		}
 		select {
@@ -154,6 +164,12 @@ func (q *Queue) wake(keyID string, turn bool, skip *Place) bool {
 			return true
 		default:
 		}
+	}
+	if served != nil && served.missed == "" {
+		// Nobody else to wake: the caller being served passes it on to
+		// whoever lines up behind it by then (see Place.wait).
+		served.missed, served.turn = keyID, turn
+		return true
 	}
 	return false
 }
@@ -240,18 +256,19 @@ func (p *Place) Behind() bool {
 // ctx's own, or End's cause. After Offer, a release may have handed p a
 // slot meanwhile: Handed has it, and the caller holds it.
 func (p *Place) Wait(ctx context.Context, until time.Time) error {
-	_, err := p.wait(ctx, until)
+	err := p.wait(ctx, until)
 	if err == nil {
 		err = p.endedBy()
 	}
 	return err
 }
 
-// wait is Wait that says whether p was woken. A release that claimed p's
+// wait is Wait but for End's cause. A release that claimed p's
 // handoff meanwhile is waited for, however p's wait ended: its slot, if
 // handed, is then p's (Handed), and a wake-up p took meanwhile goes to
 // the next caller.
-func (p *Place) wait(ctx context.Context, until time.Time) (woken bool, err error) {
+func (p *Place) wait(ctx context.Context, until time.Time) (err error) {
+	var woken bool
 	start := time.Now()
 	defer func() { p.waited += time.Since(start) }()
 	p.q.mu.Lock()
@@ -293,21 +310,27 @@ func (p *Place) wait(ctx context.Context, until time.Time) (woken bool, err erro
 	}
 	p.q.mu.Unlock()
 	if !claimed {
-		return woken, err
+		return err
 	}
 	// Settled within the release's bounds: its pipeline (coalesceTimeout,
 	// after those queued before it) and, if refused, the give-back
 	// (unwatchTimeout).
 	<-h.done
+	p.q.mu.Lock()
+	missed, turn := h.missed, h.turn
+	p.q.mu.Unlock()
+	if missed != "" && !p.q.wake(missed, turn, p) && turn && p.unused != nil {
+		p.unused(missed)
+	}
 	if !h.ok {
-		// Not granted: p tries the store itself, as if woken.
-		return true, err
+		// Not granted: p tries the store itself.
+		return err
 	}
 	p.handed = &h.lease
 	if wakeID != "" {
 		p.handOn(wakeID)
 	}
-	return true, err
+	return err
 }
 
 // Offer lets a release of a lease of provider and pool in this process
@@ -420,9 +443,8 @@ func (p *Place) Leave() {
 // hands p a slot (see Offer): then it returns nil, or ctx's error if ctx
 // ended meanwhile, and the slot is the caller's (Handed). Between tries it
 // waits in p's place for a wake-up, the capacity error's FreeAt (for the
-// caller first in line), or WaitPoll (only the first in line asks again
-// then), whichever comes first. try's ctx is marked WithWaiting and
-// carries p, so that a grant under it wakes others in line, not p, for
+// caller first in line), or WaitPoll, whichever comes first. try's ctx
+// is marked WithWaiting and carries p, so that a grant under it wakes others in line, not p, for
 // the slots it found free besides its own (see Queue.WakeOthers). No try
 // starts after until, so a caller that bounds its work at until plus one
 // try's time gets the answer, not its own deadline. A caller behind others in
@@ -445,7 +467,7 @@ func (p *Place) Retry(ctx context.Context, until time.Time, try func(context.Con
 			if cause := p.endedBy(); cause != nil {
 				return fmt.Errorf("optimistic: waiting for a free slot: %w", cause)
 			}
-			woken, err := p.wait(ctx, p.next(full, until))
+			err := p.wait(ctx, p.next(full, until))
 			if err != nil {
 				return fmt.Errorf("optimistic: waiting for a free slot: %w", err)
 			}
@@ -455,14 +477,8 @@ func (p *Place) Retry(ctx context.Context, until time.Time, try func(context.Con
 			if cause := p.endedBy(); cause != nil {
 				return fmt.Errorf("optimistic: waiting for a free slot: %w", cause)
 			}
-			ended := !time.Now().Before(until)
-			if last != nil && ended {
+			if last != nil && !time.Now().Before(until) {
 				return last
-			}
-			if !woken && !ended && p.Behind() {
-				// Polling is for the first in line; the others wait
-				// for their turn.
-				continue
 			}
 		}
 		err := try(ctx)

@@ -455,3 +455,52 @@ func TestWaitingTriesAreMarked(t *testing.T) {
 	require.NotEmpty(t, retried)
 	require.NotContains(t, retried, false, "Retry's tries")
 }
+
+// A wake-up goes to the first caller in line on the key, whether or not
+// that caller can use the key (Allocate skips candidates of other pools;
+// a key may also move to another pool while callers wait on it). That
+// caller tries, finds nothing for itself, and parks again, having spent
+// the wake-up. The caller behind it, which could use the slot, asks the
+// store again at its poll (WaitPoll), as every caller in line does, and
+// not only at the end of its wait.
+func TestWakeSpentOnACallerThatCannotUseTheKeyCostsAPoll(t *testing.T) {
+	other, s := waitStores(t, false) // "k": openai/default, limit 1
+	ctx := t.Context()
+	require.NoError(t, other.SyncKey(ctx, KeyState{ID: "v", Provider: "openai", Pool: "vip", Status: StatusAvailable, MaxConcurrentUses: 1}))
+	heldK, _, err := other.Allocate(ctx, waitReq(0))
+	require.NoError(t, err)
+	_, _, err = other.Allocate(ctx, AllocateRequest{Provider: "openai", Pool: "vip", Candidates: []string{"v"}, TTL: time.Minute})
+	require.NoError(t, err)
+
+	// A, of pool vip, lists "k" among its candidates (not its pool: skipped).
+	aDone := make(chan error, 1)
+	go func() {
+		_, _, err := s.Allocate(ctx, AllocateRequest{Provider: "openai", Pool: "vip", Candidates: []string{"k", "v"}, TTL: time.Minute, Wait: time.Minute})
+		aDone <- err
+	}()
+	require.Eventually(t, func() bool { return parked(s) == 1 && subscribed(s, "k") }, 10*time.Second, time.Millisecond)
+
+	// B, of pool default, waits for "k" behind A.
+	const wait = 4 * WaitPoll
+	bDone := make(chan allocated, 1)
+	go func() {
+		l, st, err := s.Allocate(ctx, waitReq(wait))
+		bDone <- allocated{lease: l, stats: st, err: err}
+	}()
+	require.Eventually(t, func() bool { return parked(s) == 2 }, 10*time.Second, time.Millisecond)
+
+	require.NoError(t, other.Release(ctx, heldK.LeaseRef))
+	freed := time.Now()
+	select {
+	case got := <-bDone:
+		require.NoError(t, got.err)
+		require.Less(t, time.Since(freed), WaitPoll+500*time.Millisecond, "B was served only at the end of its wait")
+	case <-time.After(2 * wait):
+		t.Fatal("B was not served")
+	}
+	select {
+	case err := <-aDone:
+		t.Fatalf("A ended: %v", err)
+	default:
+	}
+}
