@@ -121,9 +121,12 @@ func (q *Queue) Join(keyIDs []string) *Place {
 }
 
 // Wake hands a freed slot on keyID to the earliest caller waiting on it
-// that holds no wake-up yet and is not being handed a slot (see handoff);
-// with none, it does nothing (callers that are trying the store right now
-// see the slot themselves). It reports whether it woke a caller.
+// that holds no wake-up yet and is not being handed a slot (see handoff).
+// With none, if callers in line are being handed slots, the first of them
+// passes the wake-up on once served, to whoever lined up behind it by
+// then; else it does nothing (callers that are trying the store right
+// now see the slot themselves). It reports whether it woke a caller or
+// left the wake-up so.
 func (q *Queue) Wake(keyID string) bool { return q.wake(keyID, false, nil) }
 
 // WakeOthers is Wake for a slot that a grant under ctx found free besides
@@ -444,12 +447,13 @@ func (p *Place) Leave() {
 // ended meanwhile, and the slot is the caller's (Handed). Between tries it
 // waits in p's place for a wake-up, the capacity error's FreeAt (for the
 // caller first in line), or WaitPoll, whichever comes first. try's ctx
-// is marked WithWaiting and carries p, so that a grant under it wakes others in line, not p, for
-// the slots it found free besides its own (see Queue.WakeOthers). No try
-// starts after until, so a caller that bounds its work at until plus one
-// try's time gets the answer, not its own deadline. A caller behind others in
-// line waits for its turn before its first try, and tries once even if
-// until passed meanwhile. If ctx ends while it waits, it returns ctx's
+// is marked WithWaiting and carries p, so that a grant under it wakes
+// others in line, not p, for the slots it found free besides its own
+// (see Queue.WakeOthers). No try starts after until, so a caller that
+// bounds its work at until plus one try's time gets the answer, not its
+// own deadline. A caller behind others in line waits for its turn (or
+// its poll) before its first try, and tries once even if until passed
+// meanwhile. If ctx ends while it waits, it returns ctx's
 // error, having taken nothing but a slot handed over meanwhile. Once p
 // is ended (End) it waits no more: it returns End's cause, having taken
 // nothing, or nil for a slot handed over meanwhile; a try in progress is
