@@ -318,7 +318,7 @@ func TestWakeUpMissedByAServedCallerGoesOnBehindIt(t *testing.T) {
 	select {
 	case got := <-x:
 		require.NoError(t, got.err)
-		require.Less(t, time.Since(start), 300*time.Millisecond,
+		require.Less(t, time.Since(start), WaitPoll/2,
 			"the newcomer waited for its poll with a slot free (waited %v)", got.stats.Waited)
 	case <-time.After(10 * time.Second):
 		t.Fatal("the newcomer was not served")
