@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"path/filepath"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -19,6 +18,7 @@ import (
 	"github.com/credpool/credpool/internal/requestlog"
 	"github.com/credpool/credpool/internal/sqlitestore"
 	"github.com/credpool/credpool/internal/sqlitex"
+	"github.com/credpool/credpool/internal/sqlitex/sqlitextest"
 	"github.com/credpool/credpool/optimistic"
 )
 
@@ -75,9 +75,7 @@ func newEnv(t *testing.T, keys ...catalog.Key) *env {
 // and returns it with the catalog in it.
 func newCatalog(t *testing.T) (*sqlitex.DB, *catalog.SQL) {
 	t.Helper()
-	db, err := sqlitex.Open(filepath.Join(t.TempDir(), "credpool.db"))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = db.Close() })
+	db := sqlitextest.Temp(t)
 	sql, err := catalog.New(t.Context(), db, nil)
 	require.NoError(t, err)
 	return db, sql

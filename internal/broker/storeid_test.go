@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -18,7 +17,7 @@ import (
 	"github.com/credpool/credpool/internal/catalog"
 	"github.com/credpool/credpool/internal/requestlog"
 	"github.com/credpool/credpool/internal/sqlitestore"
-	"github.com/credpool/credpool/internal/sqlitex"
+	"github.com/credpool/credpool/internal/sqlitex/sqlitextest"
 	"github.com/credpool/credpool/optimistic"
 )
 
@@ -32,9 +31,7 @@ type sqliteStore struct {
 
 func newSQLiteStore(t *testing.T, c *catalog.SQL, maxLease time.Duration, log *slog.Logger) sqliteStore {
 	t.Helper()
-	db, err := sqlitex.Open(filepath.Join(t.TempDir(), "leases.db"))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = db.Close() })
+	db := sqlitextest.Temp(t)
 	s, err := sqlitestore.New(t.Context(), db, nil)
 	require.NoError(t, err)
 	requests, err := requestlog.NewSQLite(t.Context(), db)

@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -13,15 +12,14 @@ import (
 
 	"github.com/credpool/credpool/internal/sqlitestore"
 	"github.com/credpool/credpool/internal/sqlitex"
+	"github.com/credpool/credpool/internal/sqlitex/sqlitextest"
 	"github.com/credpool/credpool/optimistic"
 )
 
 // newStore is a store on a fresh file, and the file's database.
 func newStore(t *testing.T) (*sqlitestore.Store, *sqlitex.DB) {
 	t.Helper()
-	db, err := sqlitex.Open(filepath.Join(t.TempDir(), "credpool.db"))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = db.Close() })
+	db := sqlitextest.Temp(t)
 	s, err := sqlitestore.New(t.Context(), db, nil)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = s.Close() })
