@@ -3,6 +3,7 @@ package optimistic
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -92,20 +93,18 @@ const fenceFresh = time.Second
 // the fences it granted (Store.fences, for handoffs), or the grant counts
 // it granted or read (Store.seqs, see lost.go). It is safe for concurrent
 // use.
-type fences struct{ m sync.Map } // key id → int64
+type fences struct{ m sync.Map } // key id → *atomic.Int64
 
 // saw records n, unless a higher value was seen.
 func (f *fences) saw(keyID string, n int64) {
+	v, ok := f.m.Load(keyID)
+	if !ok {
+		v, _ = f.m.LoadOrStore(keyID, new(atomic.Int64))
+	}
+	seen := v.(*atomic.Int64)
 	for {
-		v, ok := f.m.Load(keyID)
-		switch {
-		case ok && v.(int64) >= n:
-			return
-		case !ok:
-			if _, loaded := f.m.LoadOrStore(keyID, n); !loaded {
-				return
-			}
-		case f.m.CompareAndSwap(keyID, v, n):
+		old := seen.Load()
+		if old >= n || seen.CompareAndSwap(old, n) {
 			return
 		}
 	}
@@ -122,7 +121,7 @@ func (f *fences) last(keyID string) int64 {
 	if !ok {
 		return 0
 	}
-	return v.(int64)
+	return v.(*atomic.Int64).Load()
 }
 
 // fresh reports whether keyID's last fence seen is fresh at now (the

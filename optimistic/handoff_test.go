@@ -218,7 +218,8 @@ func TestStaleFenceIsNotHandedOn(t *testing.T) {
 			if c.age > 0 {
 				fence = s.rdb.Time(ctx).Val().Add(-c.age).UnixMicro()
 				require.NoError(t, s.rdb.HSet(ctx, s.keys.Key("k"), rs.FieldFence, fence).Err())
-				s.fences.m.Store("k", fence)
+				s.fences.forget("k")
+				s.fences.saw("k", fence)
 			} else {
 				require.NoError(t, s.rdb.HDel(ctx, s.keys.Key("k"), rs.FieldFence).Err())
 			}
