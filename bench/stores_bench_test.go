@@ -6,13 +6,17 @@ import (
 	"math/rand/v2"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/credpool/credpool/bench"
+	rs "github.com/credpool/credpool/internal/redisschema"
 	"github.com/credpool/credpool/internal/sqlitex"
 	"github.com/credpool/credpool/optimistic"
 	"github.com/credpool/credpool/test/redistest"
@@ -26,6 +30,17 @@ import (
 //     every call races for the same ZSET (metrics: grants and conflicts per
 //     op, where an op is one allocate and, if granted, its release);
 //   - spread: 16 parallel callers, 4 candidates each out of 256 keys.
+//
+// On a Redis store each also reports the CPU time an op costs, on each
+// side of the connection: this process (client-µs/op, its callers'
+// bookkeeping included) and redis-server (redis-µs/op, from INFO cpu).
+// Two cores shared by both, as on the benchmark's machine, give grants/s
+// by their sum.
+//
+// watch-multi-bare is the spread op as any WATCH/MULTI client does it,
+// with nothing of the optimistic store's (see bareStore): the gap between
+// it and lua is what WATCH/MULTI costs, and between it and optimistic what
+// the store adds.
 //
 // Run with: go test -run '^$' -bench AllocateRelease ./bench/
 func BenchmarkAllocateRelease(b *testing.B) {
@@ -45,9 +60,24 @@ func BenchmarkAllocateRelease(b *testing.B) {
 			})
 		})
 	}
+	b.Run("watch-multi-bare/spread", func(b *testing.B) {
+		// On the optimistic store's keys, which it syncs.
+		s, err := bench.Select(bench.Strategies(), "optimistic")
+		require.NoError(b, err)
+		store := openStore(b, s[0], 256, 1).(measured)
+		bare := &bareStore{LeaseStore: store.LeaseStore, rdb: store.rdb, keys: rs.Schema{Prefix: "bench"}}
+		benchParallel(b, measured{bare, store.rdb}, 256, 4)
+	})
 }
 
-// openStore opens s on a fresh server or file with keys keys of limit limit.
+// measured is a Redis store whose benchmark reports CPU time per op.
+type measured struct {
+	optimistic.LeaseStore
+	rdb redis.UniversalClient
+}
+
+// openStore opens s on a fresh server or file with keys keys of limit
+// limit: a Redis store is measured.
 func openStore(b *testing.B, s bench.Strategy, keys, limit int) optimistic.LeaseStore {
 	b.Helper()
 	var t bench.Target
@@ -61,12 +91,62 @@ func openStore(b *testing.B, s bench.Strategy, keys, limit int) optimistic.Lease
 	}
 	store, err := s.Open(context.Background(), t)
 	require.NoError(b, err)
+	syncKeys(b, store, keys, limit)
+	if s.Redis {
+		return measured{store, t.Redis}
+	}
+	return store
+}
+
+// syncKeys adds keys keys of limit limit to store.
+func syncKeys(b *testing.B, store optimistic.LeaseStore, keys, limit int) {
+	b.Helper()
 	for i := range keys {
 		require.NoError(b, store.SyncKey(context.Background(), optimistic.KeyState{
 			ID: keyID(i), Provider: "bench", Pool: "default", Status: optimistic.StatusAvailable, MaxConcurrentUses: limit,
 		}))
 	}
-	return store
+}
+
+// cpuMeter reads the CPU time spent since it started, by this process and
+// by the redis-server a store talks to.
+type cpuMeter struct {
+	rdb            redis.UniversalClient
+	client, server float64 // seconds at the start
+}
+
+// meterCPU starts a cpuMeter on store if it is measured, else returns nil.
+func meterCPU(b *testing.B, store optimistic.LeaseStore) *cpuMeter {
+	m, ok := store.(measured)
+	if !ok {
+		return nil
+	}
+	return &cpuMeter{rdb: m.rdb, client: processCPU(b), server: serverCPU(b, m.rdb)}
+}
+
+// report adds the CPU time per op to b's metrics.
+func (m *cpuMeter) report(b *testing.B) {
+	if m == nil {
+		return
+	}
+	b.ReportMetric((processCPU(b)-m.client)*1e6/float64(b.N), "client-µs/op")
+	b.ReportMetric((serverCPU(b, m.rdb)-m.server)*1e6/float64(b.N), "redis-µs/op")
+}
+
+// serverCPU is the CPU time, in seconds, that the server of rdb has spent.
+func serverCPU(b *testing.B, rdb redis.UniversalClient) float64 {
+	info, err := rdb.Info(context.Background(), "cpu").Result()
+	require.NoError(b, err)
+	var total float64
+	for line := range strings.Lines(info) {
+		name, value, _ := strings.Cut(strings.TrimSpace(line), ":")
+		if name == "used_cpu_sys" || name == "used_cpu_user" {
+			v, err := strconv.ParseFloat(value, 64)
+			require.NoError(b, err)
+			total += v
+		}
+	}
+	return total
 }
 
 func keyID(i int) string { return "k" + strconv.Itoa(i) }
@@ -78,6 +158,8 @@ func request(candidates []string) optimistic.AllocateRequest {
 func benchSerial(b *testing.B, store optimistic.LeaseStore) {
 	ctx := context.Background()
 	req := request([]string{keyID(0)})
+	cpu := meterCPU(b, store)
+	defer cpu.report(b)
 	for b.Loop() {
 		l, _, err := store.Allocate(ctx, req)
 		if err != nil {
@@ -97,6 +179,7 @@ func benchParallel(b *testing.B, store optimistic.LeaseStore, keys, candidates i
 	var seed atomic.Uint64
 	b.SetParallelism(8)
 	b.ResetTimer()
+	cpu := meterCPU(b, store)
 	b.RunParallel(func(pb *testing.PB) {
 		rng := rand.New(rand.NewPCG(seed.Add(1), 0))
 		for pb.Next() {
@@ -120,6 +203,14 @@ func benchParallel(b *testing.B, store optimistic.LeaseStore, keys, candidates i
 			}
 		}
 	})
+	cpu.report(b)
 	b.ReportMetric(float64(grants.Load())/float64(b.N), "grants/op")
 	b.ReportMetric(float64(conflicts.Load())/float64(b.N), "conflicts/op")
+}
+
+// processCPU is the CPU time, in seconds, this process has spent.
+func processCPU(b *testing.B) float64 {
+	var ru syscall.Rusage
+	require.NoError(b, syscall.Getrusage(syscall.RUSAGE_SELF, &ru))
+	return float64(ru.Utime.Nano()+ru.Stime.Nano()) / 1e9
 }
