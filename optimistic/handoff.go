@@ -113,6 +113,8 @@ func (f *fences) saw(keyID string, n int64) {
 // forget drops keyID's value, for a key this process deleted: the count
 // its next HASH starts with is by the clock of the server that holds it,
 // which need not be above every count of the old one (see SyncKey).
+// A saw that races it may be dropped; one after it is kept, even if it
+// read the old HASH.
 func (f *fences) forget(keyID string) { f.m.Delete(keyID) }
 
 // last returns the highest value seen on keyID, 0 if none.
