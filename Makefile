@@ -1,7 +1,7 @@
 # credpool: `make test` is what CI runs (through .ci/run).
 GO ?= go
 
-.PHONY: test vet lint fmt run build redis-server postgresql bench
+.PHONY: test vet lint fmt run build redis-server postgresql bench bench-cpu
 
 ## test: vet, then every test under the race detector against a real
 ## redis-server and PostgreSQL
@@ -57,6 +57,22 @@ bench: redis-server postgresql build
 		-out $(BENCH_OUT)/service-postgres-each
 	./credpool bench -callers retry,wait -strategies optimistic -scenarios hot,identical -workers 64 -limits 1,5 -procs 1,4 \
 		-duration 10s -out $(BENCH_OUT)/wait
+
+## bench-cpu: where the CPU of a grant goes (README): BenchmarkAllocateRelease's
+## spread op on optimistic, lua+gate, lua and the bare WATCH/MULTI loop, with
+## each side's CPU per op, 6 runs of 4s each, the order reversed every other
+## run (about 3 minutes).
+BENCH_CPU_RUNS ?= 6
+bench-cpu: redis-server
+	$(GO) test -c -o bench.test ./bench/
+	@order='optimistic lua\+gate lua watch-multi-bare'; \
+	for i in $$(seq $(BENCH_CPU_RUNS)); do \
+		for s in $$order; do \
+			./bench.test -test.run '^$$' -test.bench "AllocateRelease/^$$s\$$/^spread\$$" -test.benchtime 4s -test.benchmem \
+				| grep '^Benchmark' || exit 1; \
+		done; \
+		order=$$(echo "$$order" | tr ' ' '\n' | tac | tr '\n' ' '); \
+	done
 
 ## redis-server: the tests start their own servers; install the binary if missing.
 ## A REDIS_SERVER that is set must name an executable (a path, or a name on PATH).

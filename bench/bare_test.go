@@ -13,24 +13,30 @@ import (
 	"github.com/credpool/credpool/optimistic"
 )
 
-// bareStore allocates and releases as any WATCH/MULTI client must, and no
-// more, on the optimistic store's keys (which it embeds for the rest):
-// per candidate, in one round trip, WATCH of the key HASH, TIME and the
-// reads (after UNWATCH of a candidate read with no slot); if the key
-// serves the pool, is available and has room, one MULTI that prunes its
-// expired leases and writes the lease, its record and the HASH. A release
-// is one MULTI of its own. It has none of the optimistic
+// bareStore allocates and releases with go-redis as a WATCH/MULTI client
+// must at least, on the optimistic store's keys (which it embeds for the
+// rest): per candidate, one pipeline of WATCH of the key HASH, TIME and
+// the reads the store takes (after UNWATCH of a candidate read with no
+// slot); if the key serves the pool, is usable, is not held back and has
+// room, one MULTI that prunes its expired leases and writes the lease,
+// its record and the HASH. A release is one MULTI of its own.
+//
+// It does less than a store must, so it is a floor: none of the optimistic
 // store's gate, hold-offs, shared releases, lost-reply rechecks, fences
-// kept per key or wake-ups: a floor for the client work of one op, not a
-// store (a conflict just moves on to the next candidate).
+// kept per key or wake-ups; a conflict just moves on to the next
+// candidate; Release does not say whether the lease was held. Safe for
+// concurrent use.
 type bareStore struct {
 	optimistic.LeaseStore
-	rdb  redis.UniversalClient
+	rdb  *redis.Client
 	keys rs.Schema
 }
 
-// bareFields are the HASH fields a grant reads.
-var bareFields = []string{rs.FieldProvider, rs.FieldPool, rs.FieldStatus, rs.FieldLimit, rs.FieldFence}
+var _ optimistic.LeaseStore = (*bareStore)(nil)
+
+// bareFields are the key HASH fields the optimistic store reads.
+var bareFields = []string{rs.FieldProvider, rs.FieldPool, rs.FieldStatus, rs.FieldCooldown, rs.FieldLimit,
+	rs.FieldFence, rs.FieldLastUsed, rs.FieldHeld, rs.FieldSeq}
 
 func (s *bareStore) Allocate(ctx context.Context, req optimistic.AllocateRequest) (optimistic.Lease, optimistic.Stats, error) {
 	var (
@@ -39,24 +45,30 @@ func (s *bareStore) Allocate(ctx context.Context, req optimistic.AllocateRequest
 	)
 	leaseID := uuid.NewString()
 	member := rs.Member(leaseID, req.Provider, req.Pool)
-	// A Watch with no keys runs fn on one pooled connection at once.
-	err := s.rdb.(*redis.Client).Watch(ctx, func(tx *redis.Tx) error {
+	// A Watch with no keys runs fn on one pooled connection at once, and
+	// sends no UNWATCH of its own: fn sends WATCH, so it releases it.
+	err := s.rdb.Watch(ctx, func(tx *redis.Tx) error {
 		watching := false
 		for _, id := range req.Candidates {
 			st.Attempts++
 			until, fence, err := s.try(ctx, tx, id, member, req, watching)
-			watching = err == nil && until == 0
 			switch {
 			case errors.Is(err, redis.TxFailedErr):
+				// EXEC ran, and dropped the WATCH.
 				st.Conflicts++
+				watching = false
 			case err != nil:
-				return err
+				// The WATCH may be live: the connection goes back to the
+				// pool unwatched.
+				return errors.Join(err, tx.Unwatch(ctx).Err())
 			case until > 0:
 				lease = optimistic.Lease{
 					LeaseRef: optimistic.LeaseRef{KeyID: id, LeaseID: leaseID, Provider: req.Provider, Pool: req.Pool},
 					Until:    time.UnixMilli(until), Fence: fence,
 				}
 				return nil
+			default:
+				watching = true
 			}
 		}
 		if watching {
@@ -91,18 +103,18 @@ func (s *bareStore) try(ctx context.Context, tx *redis.Tx, keyID, member string,
 	}
 	now := clock.Val().UnixMilli()
 	k := hash.Val()
-	limit, _ := strconv.Atoi(str(k[3]))
-	last, _ := strconv.ParseInt(str(k[4]), 10, 64)
+	held, _ := strconv.ParseInt(str(k[7]), 10, 64)
 	var expired []string
 	for _, z := range leases.Val() {
 		if int64(z.Score) <= now {
 			expired = append(expired, z.Member.(string))
 		}
 	}
-	if str(k[0]) != req.Provider || str(k[1]) != req.Pool || str(k[2]) != string(optimistic.StatusAvailable) ||
-		len(leases.Val())-len(expired) >= limit {
+	if str(k[0]) != req.Provider || str(k[1]) != req.Pool || !optimistic.Usable(optimistic.Status(str(k[2])), str(k[3]), now) ||
+		held > now || len(leases.Val())-len(expired) >= optimistic.ParseLimit(str(k[4])) {
 		return 0, 0, nil
 	}
+	last, _ := strconv.ParseInt(str(k[5]), 10, 64)
 	until = now + req.TTL.Milliseconds()
 	fence = optimistic.NextFence(last, clock.Val())
 	recordKey := s.keys.Lease(keyID, member)
@@ -115,7 +127,8 @@ func (s *bareStore) try(ctx context.Context, tx *redis.Tx, keyID, member string,
 		p.HSet(ctx, recordKey, rs.FieldKeyID, keyID, rs.FieldProvider, req.Provider, rs.FieldPool, req.Pool,
 			rs.FieldUntil, until, rs.FieldFence, fence)
 		p.PExpireAt(ctx, recordKey, time.UnixMilli(until).Add(time.Minute))
-		p.HSet(ctx, keyKey, rs.FieldLastUsed, now, rs.FieldFence, fence)
+		p.HSet(ctx, keyKey, rs.FieldStatus, string(optimistic.StatusAvailable), rs.FieldCooldown, "",
+			rs.FieldLastUsed, now, rs.FieldFence, fence)
 		return nil
 	})
 	return until, fence, err
