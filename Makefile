@@ -65,13 +65,13 @@ bench: redis-server postgresql build
 BENCH_CPU_RUNS ?= 6
 bench-cpu: redis-server
 	$(GO) test -c -o bench.test ./bench/
-	@order='optimistic lua\+gate lua watch-multi-bare'; \
-	for i in $$(seq $(BENCH_CPU_RUNS)); do \
+	@for i in $$(seq $(BENCH_CPU_RUNS)); do \
+		order='optimistic lua\+gate lua watch-multi-bare'; \
+		[ $$((i % 2)) -eq 0 ] && order='watch-multi-bare lua lua\+gate optimistic'; \
 		for s in $$order; do \
 			./bench.test -test.run '^$$' -test.bench "AllocateRelease/^$$s\$$/^spread\$$" -test.benchtime 4s -test.benchmem \
 				| grep '^Benchmark' || exit 1; \
 		done; \
-		order=$$(echo "$$order" | tr ' ' '\n' | tac | tr '\n' ' '); \
 	done
 
 ## redis-server: the tests start their own servers; install the binary if missing.
