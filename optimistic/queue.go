@@ -271,7 +271,6 @@ func (p *Place) Wait(ctx context.Context, until time.Time) error {
 // handed, is then p's (Handed), and a wake-up p took meanwhile goes to
 // the next caller.
 func (p *Place) wait(ctx context.Context, until time.Time) (err error) {
-	var woken bool
 	start := time.Now()
 	defer func() { p.waited += time.Since(start) }()
 	p.q.mu.Lock()
@@ -281,14 +280,13 @@ func (p *Place) wait(ctx context.Context, until time.Time) (err error) {
 	defer t.Stop()
 	var (
 		handed <-chan struct{}
-		wakeID string
+		wakeID string // the key p was woken for, "" if not woken
 	)
 	if p.offer != nil {
 		handed = p.offer.done
 	}
 	select {
 	case wakeID = <-p.wake:
-		woken = true
 	case <-handed:
 	case <-t.C:
 	case <-p.ended:
@@ -298,13 +296,11 @@ func (p *Place) wait(ctx context.Context, until time.Time) (err error) {
 	p.q.mu.Lock()
 	p.parked = false
 	switch {
-	case woken && p.turn == wakeID:
-		p.owed = wakeID
-	case woken:
-		p.unseen = wakeID
-	}
-	if woken {
-		p.turn = ""
+	case wakeID == "":
+	case p.turn == wakeID:
+		p.owed, p.turn = wakeID, ""
+	default:
+		p.unseen, p.turn = wakeID, ""
 	}
 	h := p.offer
 	claimed := h != nil && h.claimed
