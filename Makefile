@@ -60,8 +60,8 @@ bench: redis-server postgresql build
 
 ## bench-cpu: where the CPU of a grant goes (README): BenchmarkAllocateRelease's
 ## spread op on optimistic, lua+gate, lua and the bare WATCH/MULTI loop, with
-## each side's CPU per op, 6 runs of 4s each, the order reversed every other
-## run (about 3 minutes).
+## each side's CPU and the round trips per op, 6 runs of 4s each, the order
+## reversed every other run (about 3 minutes).
 BENCH_CPU_RUNS ?= 6
 bench-cpu: redis-server
 	$(GO) test -c -o bench.test ./bench/

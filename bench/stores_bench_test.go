@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/credpool/credpool/bench"
+	"github.com/credpool/credpool/internal/redisproc"
 	rs "github.com/credpool/credpool/internal/redisschema"
 	"github.com/credpool/credpool/internal/sqlitex"
 	"github.com/credpool/credpool/optimistic"
@@ -34,7 +35,9 @@ import (
 //
 // On a Redis store each also reports the CPU time an op costs, on each
 // side of the connection: this process (client-µs/op, its callers'
-// bookkeeping included) and redis-server (redis-µs/op, from INFO cpu).
+// bookkeeping included) and redis-server (redis-µs/op, from INFO cpu);
+// and its round trips (roundtrips/op: commands and pipelines sent, as the
+// harness counts them, with new connections' set-up too).
 // Two cores shared by both, as on the benchmark's machine, give grants/s
 // by their sum.
 //
@@ -70,17 +73,19 @@ func BenchmarkAllocateRelease(b *testing.B) {
 		rdb, ok := store.rdb.(*redis.Client)
 		require.True(b, ok, "a single server's client")
 		bare := &bareStore{LeaseStore: store.LeaseStore, rdb: rdb, keys: rs.Schema{Prefix: prefix}}
-		benchParallel(b, measured{bare, store.rdb}, 256, 4)
+		benchParallel(b, measured{bare, store.rdb, store.rt}, 256, 4)
 	})
 }
 
 // prefix is the Redis stores' key prefix.
 const prefix = "bench"
 
-// measured is a Redis store whose benchmark reports CPU time per op.
+// measured is a Redis store whose benchmark reports CPU time and round
+// trips per op: rt counts rdb's.
 type measured struct {
 	optimistic.LeaseStore
 	rdb redis.UniversalClient
+	rt  *redisproc.RoundTrips
 }
 
 // openStore opens s on a fresh server or file with keys keys of limit
@@ -96,11 +101,15 @@ func openStore(b *testing.B, s bench.Strategy, keys, limit int) optimistic.Lease
 		b.Cleanup(func() { _ = db.Close() })
 		t = bench.Target{DB: db}
 	}
+	var rt redisproc.RoundTrips
+	if s.Redis {
+		t.Redis.AddHook(&rt)
+	}
 	store, err := s.Open(context.Background(), t)
 	require.NoError(b, err)
 	syncKeys(b, store, keys, limit)
 	if s.Redis {
-		return measured{store, t.Redis}
+		return measured{store, t.Redis, &rt}
 	}
 	return store
 }
@@ -115,31 +124,36 @@ func syncKeys(b *testing.B, store optimistic.LeaseStore, keys, limit int) {
 	}
 }
 
-// cpuMeter reads the CPU time spent since it started, by this process and
-// by the redis-server a store talks to. It is used by one goroutine.
-type cpuMeter struct {
-	rdb            redis.UniversalClient
+// meter reads the CPU time spent since it started, by this process and by
+// the redis-server a measured store talks to, and the store's round trips.
+// It is used by one goroutine.
+type meter struct {
+	measured
 	client, server float64 // seconds at the start
 }
 
-// meterCPU starts a cpuMeter on store if it is measured, else returns nil.
-func meterCPU(b *testing.B, store optimistic.LeaseStore) *cpuMeter {
+// startMeter starts a meter on store if it is measured, else returns nil.
+func startMeter(b *testing.B, store optimistic.LeaseStore) *meter {
 	b.Helper()
 	m, ok := store.(measured)
 	if !ok {
 		return nil
 	}
-	return &cpuMeter{rdb: m.rdb, client: processCPU(b), server: serverCPU(b, m.rdb)}
+	started := &meter{measured: m, client: processCPU(b), server: serverCPU(b, m.rdb)}
+	m.rt.Reset()
+	return started
 }
 
-// report adds the CPU time per op to b's metrics.
-func (m *cpuMeter) report(b *testing.B) {
+// report adds the CPU time and round trips per op to b's metrics.
+func (m *meter) report(b *testing.B) {
 	b.Helper()
 	if m == nil {
 		return
 	}
-	b.ReportMetric((processCPU(b)-m.client)*1e6/float64(b.N), "client-µs/op")
-	b.ReportMetric((serverCPU(b, m.rdb)-m.server)*1e6/float64(b.N), "redis-µs/op")
+	n := float64(b.N)
+	b.ReportMetric(float64(m.rt.Total())/n, "roundtrips/op")
+	b.ReportMetric((processCPU(b)-m.client)*1e6/n, "client-µs/op")
+	b.ReportMetric((serverCPU(b, m.rdb)-m.server)*1e6/n, "redis-µs/op")
 }
 
 // serverCPU is the CPU time, in seconds, that the server of rdb has spent.
@@ -178,8 +192,8 @@ func request(candidates []string) optimistic.AllocateRequest {
 func benchSerial(b *testing.B, store optimistic.LeaseStore) {
 	ctx := context.Background()
 	req := request([]string{keyID(0)})
-	cpu := meterCPU(b, store)
-	defer cpu.report(b)
+	gauge := startMeter(b, store)
+	defer gauge.report(b)
 	for b.Loop() {
 		l, _, err := store.Allocate(ctx, req)
 		if err != nil {
@@ -199,7 +213,7 @@ func benchParallel(b *testing.B, store optimistic.LeaseStore, keys, candidates i
 	var seed atomic.Uint64
 	b.SetParallelism(8)
 	b.ResetTimer()
-	cpu := meterCPU(b, store)
+	gauge := startMeter(b, store)
 	b.RunParallel(func(pb *testing.PB) {
 		rng := rand.New(rand.NewPCG(seed.Add(1), 0))
 		for pb.Next() {
@@ -225,7 +239,7 @@ func benchParallel(b *testing.B, store optimistic.LeaseStore, keys, candidates i
 			}
 		}
 	})
-	cpu.report(b)
+	gauge.report(b)
 	b.ReportMetric(float64(grants.Load())/float64(b.N), "grants/op")
 	b.ReportMetric(float64(conflicts.Load())/float64(b.N), "conflicts/op")
 }
